@@ -1,0 +1,57 @@
+# The two commands of the README: `make run` (main job) and `make test` (all tests).
+# Both set everything up on a fresh machine: the project venv, its dependencies, Elasticsearch.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+ATLAS := $(VENV)/bin/atlas
+export ATLAS_HOME := $(CURDIR)
+# Offline by construction: no model hub is ever asked for weights.
+export HF_HUB_OFFLINE := 1
+
+.PHONY: run test setup es-up es-down es-reset es-status notebooks nbval pytest eval bench serve clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m ipykernel install --sys-prefix --name python3 > /dev/null
+	touch $@
+
+setup: $(VENV)/.installed
+
+es-up: setup
+	@if [ -z "$$ES_URL" ]; then $(ATLAS) es up; else echo "ES_URL is set: using $$ES_URL"; fi
+
+es-down: setup
+	$(ATLAS) es down
+
+es-reset: setup
+	$(ATLAS) es reset
+
+es-status: setup
+	$(ATLAS) es status
+
+# Main job: every notebook end to end with papermill into outputs/, then a summary.
+run: es-up
+	$(PY) -m atlas.notebooks run --out outputs/notebooks
+	$(PY) -m atlas.notebooks summary
+
+# All tests: pytest against the real cluster, papermill of every notebook, nbval of the committed ones.
+test: es-up
+	$(PY) -m pytest tests -q
+	$(PY) -m pytest --nbval notebooks --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider -q
+
+eval: es-up
+	$(ATLAS) eval persona
+	$(ATLAS) eval locomo
+
+bench: es-up
+	$(ATLAS) bench
+
+serve: es-up
+	$(ATLAS) serve
+
+clean:
+	rm -rf outputs/notebooks outputs/figures outputs/eval outputs/bench

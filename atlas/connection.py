@@ -1,0 +1,87 @@
+"""`connect()`: an `elasticsearch.Elasticsearch` client for the configured cluster, checked once.
+
+Every failure a newcomer meets on day one (cluster down, wrong password, a 8.x server
+behind a 9.x client) becomes a one-line `ConnectionFailed` that says what to do.
+"""
+
+from __future__ import annotations
+
+import elasticsearch
+from elasticsearch import Elasticsearch
+
+from .cluster import credentials_path, local_credentials
+from .config import Settings, load_settings
+from .errors import ConnectionFailed
+
+CLIENT_MAJOR = int(elasticsearch.__versionstr__.split(".")[0])
+
+
+def client_options(settings: Settings) -> dict:
+    """URL, credentials and CA of the service credential (the local node's `elastic`, or ES_*)."""
+    if settings.local:
+        if not credentials_path(settings).is_file():
+            raise ConnectionFailed(
+                f"no local cluster credentials in {credentials_path(settings)}: run `make es-up` (or `atlas es up`), "
+                "or set ES_URL to use another cluster"
+            )
+        creds = local_credentials(settings)
+        return {"hosts": [creds["url"]], "basic_auth": (creds["username"], creds["password"])}
+    options: dict = {"hosts": [settings.es_url]}
+    if settings.es_api_key:
+        options["api_key"] = settings.es_api_key
+    elif settings.es_username:
+        options["basic_auth"] = (settings.es_username, settings.es_password or "")
+    if settings.es_ca_certs:
+        options["ca_certs"] = settings.es_ca_certs
+    return options
+
+
+def connect(settings: Settings | None = None, *, api_key: str | None = None, check: bool = True,
+            request_timeout: float = 30) -> Elasticsearch:
+    """A client with the service credential, or with `api_key` (a user's key) when given.
+
+    `check` makes one request so that a broken setup fails here, with advice, rather
+    than deep inside a recall.
+    """
+    settings = settings or load_settings()
+    options = client_options(settings)
+    if api_key is not None:
+        options.pop("basic_auth", None)
+        options["api_key"] = api_key
+    es = Elasticsearch(**options, request_timeout=request_timeout, max_retries=1, retry_on_timeout=False)
+    if check:
+        check_connection(es, settings.url, user_key=api_key is not None)
+    return es
+
+
+def check_connection(es: Elasticsearch, url: str, *, user_key: bool = False) -> None:
+    """Raise `ConnectionFailed` unless the cluster answers this credential with our major version."""
+    try:
+        if user_key:
+            es.security.authenticate()
+            return
+        nodes = es.nodes.info(metric="_none", filter_path="nodes.*.version")
+    except elasticsearch.ConnectionError:
+        raise ConnectionFailed(
+            f"Elasticsearch at {url} is not answering: start the local node with `make es-up`, or fix ES_URL"
+        ) from None
+    except elasticsearch.AuthenticationException:
+        raise ConnectionFailed(
+            f"Elasticsearch at {url} refused the credentials: check ES_API_KEY / ES_USERNAME / ES_PASSWORD, "
+            "or for the local node the file written by `make es-up`"
+        ) from None
+    except elasticsearch.UnsupportedProductError as exc:
+        raise ConnectionFailed(f"{url} is not an Elasticsearch server this client supports: {exc}") from None
+    versions = {info["version"] for info in nodes.get("nodes", {}).values()}
+    wrong = sorted(v for v in versions if int(v.split(".")[0]) != CLIENT_MAJOR)
+    if wrong:
+        raise ConnectionFailed(
+            f"the cluster at {url} runs Elasticsearch {', '.join(wrong)} but the client is {elasticsearch.__versionstr__}: "
+            f"install `elasticsearch>={wrong[0].split('.')[0]},<{int(wrong[0].split('.')[0]) + 1}` or use a {CLIENT_MAJOR}.x cluster"
+        )
+
+
+def server_version(es: Elasticsearch) -> str:
+    """The version of the (first) node; `GET /` is missing from the integ-test distribution."""
+    nodes = es.nodes.info(metric="_none", filter_path="nodes.*.version")["nodes"]
+    return next(iter(nodes.values()))["version"]

@@ -1,0 +1,74 @@
+"""Every tunable and every vocabulary of Atlas, defined once.
+
+Names follow the design. Functions that use a tunable take it as a keyword
+argument defaulting to the value here, so that a notebook can sweep it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+# --- vocabularies -----------------------------------------------------------
+MemoryType = Literal["episodic", "semantic", "procedural", "catalog"]
+MEMORY_TYPES: tuple[MemoryType, ...] = get_args(MemoryType)
+#: Types a user writes; the catalog is world data loaded by an operator.
+USER_MEMORY_TYPES: tuple[MemoryType, ...] = ("episodic", "semantic", "procedural")
+
+Contradiction = Literal["natural", "harsh"]
+CONTRADICTIONS: tuple[Contradiction, ...] = get_args(Contradiction)
+
+FactType = Literal["preference", "device", "home", "person", "location", "routine", "issue", "other"]
+FACT_TYPES: tuple[FactType, ...] = get_args(FactType)
+
+RecallMode = Literal["bm25", "dense", "hybrid", "hybrid+rerank"]
+RECALL_MODES: tuple[RecallMode, ...] = get_args(RecallMode)
+DEFAULT_RECALL_MODE: RecallMode = "hybrid+rerank"
+
+# --- index names ------------------------------------------------------------
+DEFAULT_INDEX_PREFIX = "atlas"
+ARCHIVE_SUFFIX = "archive"
+
+# --- hybrid recall ------------------------------------------------------------
+#: Reciprocal rank fusion: score = sum over paths of 1 / (RRF_RANK_CONSTANT + rank).
+RRF_RANK_CONSTANT = 30
+#: Candidates taken from each retrieval path (BM25 and kNN) before fusion.
+RRF_WINDOW = 80
+#: HNSW candidates examined per shard for the kNN path.
+KNN_NUM_CANDIDATES = 200
+#: How many fused candidates the second stage re-scores.
+RERANK_POOL = 40
+#: Weight of the second model's z-scored similarity against the first model's.
+RERANK_SECOND_WEIGHT = 1.0
+#: Weight of the fused-rank prior (z-scored RRF) in the second stage.
+RERANK_RRF_WEIGHT = 1.0
+MAX_K = 200
+
+# --- decay, use and priors ------------------------------------------------------
+#: Recency multiplier is 1.0 for documents younger than this.
+DECAY_OFFSET = "180d"
+#: ... then falls (Gaussian) to DECAY_AT_SCALE at DECAY_OFFSET + DECAY_SCALE.
+DECAY_SCALE = "1825d"
+DECAY_AT_SCALE = 0.5
+#: Semantic facts: multiplier 1 + log10(1 + use_count) * USE_COUNT_WEIGHT.
+USE_COUNT_WEIGHT = 0.2
+#: Catalog documents are world data, a little below a user's own memory.
+CATALOG_SOURCE_PRIOR = 0.85
+#: Confidence taken off a fact written with contradiction="harsh".
+SUPERSEDE_CONFIDENCE_PENALTY = 0.1
+#: Procedural success-rate multiplier (smoothed); 0 switches it off (the reference default).
+PROCEDURAL_SUCCESS_WEIGHT = 0.0
+#: Laplace smoothing of the procedural success rate (successes + a) / (runs + 2a).
+PROCEDURAL_SUCCESS_SMOOTHING = 1.0
+
+# --- writing ----------------------------------------------------------------
+#: Refresh policy of a single write: visible to a recall in the same turn.
+WRITE_REFRESH: Literal["true", "wait_for", "false"] = "true"
+#: Retries of an optimistic-concurrency update before giving up.
+OCC_RETRIES = 20
+#: Longest text accepted in one memory (characters); longer is refused.
+MAX_TEXT_CHARS = 200_000
+#: Longest passage an embedder sees, in model tokens; longer is truncated with a warning.
+EMBED_MAX_TOKENS = 256
+
+# --- archive -----------------------------------------------------------------
+ARCHIVE_OLDER_THAN = "90d"

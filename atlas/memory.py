@@ -1,0 +1,249 @@
+"""Writing memory: episodes, facts, playbooks, catalog items; forgetting; counters.
+
+Writes use the service credential and take the owner from the caller (the MCP layer
+takes it from the authenticated key, never from the request). Every change to an
+existing document first proves ownership with a read through the user's own client,
+then updates with optimistic concurrency (`if_seq_no`/`if_primary_term`): this
+cluster has no script engine, so counters are read-modify-write with retries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from elasticsearch import ConflictError as ESConflict
+from elasticsearch import NotFoundError, helpers
+from tqdm.auto import tqdm
+
+from . import constants as C
+from .clock import as_utc, es_date
+from .errors import NotFound, ValidationError
+from .schemas import archive_name, index_name
+from .scoring import smoothed_success_rate
+from .store import Store
+from .validation import check_choice, check_id, check_text, check_type, check_user
+
+VECTOR_FIELDS = ("embedding", "rerank_embedding")
+
+
+@dataclass(frozen=True)
+class Owned:
+    """A document the user was shown to own, with what an OCC update needs."""
+
+    id: str
+    index: str
+    source: dict
+    seq_no: int
+    primary_term: int
+
+
+# --- building documents --------------------------------------------------------------
+
+
+def build_document(user_id: str | None, text: str, memory_type: C.MemoryType, now: datetime, **fields: object) -> dict:
+    """The stored form of a memory, without vectors. `None` fields are left out."""
+    stamp = es_date(now)
+    doc: dict = {"text": text, "memory_type": memory_type, "created_at": stamp, "confidence": 1.0}
+    if user_id is not None:
+        doc["user_id"] = user_id
+    if memory_type == "episodic":
+        doc["timestamp"] = stamp
+    if memory_type == "semantic":
+        doc.update(last_used_at=stamp, use_count=0)
+    if memory_type == "procedural":
+        doc.update(success_count=0, failure_count=0, success_rate=smoothed_success_rate(0, 0))
+    doc.update({k: (es_date(v) if isinstance(v, datetime) else v) for k, v in fields.items() if v is not None})
+    return doc
+
+
+def embed_documents(store: Store, docs: Sequence[dict]) -> None:
+    """Fill every vector field of `docs` in place, in batches (the cache skips known texts)."""
+    texts = [doc["text"] for doc in docs]
+    for field, embedder in store.passage_embedders.items():
+        vectors = embedder.embed_passages(texts)
+        for doc, vector in zip(docs, vectors):
+            doc[field] = vector.tolist()
+        for doc in docs:
+            doc["embed_model"] = store.embedder.name
+
+
+def _index(store: Store, doc: dict, *, refresh: str | None = None) -> str:
+    embed_documents(store, [doc])
+    resp = store.es.index(index=index_name(store.prefix, doc["memory_type"]), document=doc,
+                          refresh=refresh or store.refresh)
+    return resp["_id"]
+
+
+# --- writes ------------------------------------------------------------------------
+
+
+def write_episode(store: Store, user_id: str, text: str, session_id: str | None = None,
+                  ts: datetime | None = None) -> str:
+    """Store the user's turn verbatim before the model answers; visible to a recall in the same turn."""
+    check_user(user_id)
+    check_text(text)
+    doc = build_document(user_id, text, "episodic", store.now(), session_id=session_id)
+    if ts is not None:
+        doc["timestamp"] = es_date(ts)
+    return _index(store, doc)
+
+
+def write_memory(store: Store, user_id: str, text: str, memory_type: C.MemoryType = "semantic", *,
+                 supersedes_id: str | Sequence[str] | None = None, contradiction: C.Contradiction = "natural",
+                 fact_type: C.FactType | None = None, confidence: float = 1.0,
+                 supporting_episode_ids: Sequence[str] = (), session_id: str | None = None,
+                 name: str | None = None, trigger: str | None = None, steps: Sequence[str] | None = None) -> str:
+    """Write a fact, playbook or episode; with `supersedes_id`, retire the fact(s) it makes false."""
+    check_user(user_id)
+    check_text(text)
+    check_type(memory_type, C.USER_MEMORY_TYPES)
+    check_choice(contradiction, C.CONTRADICTIONS, "contradiction")
+    if fact_type is not None:
+        check_choice(fact_type, C.FACT_TYPES, "fact_type")
+    if not isinstance(confidence, (int, float)) or not 0.0 <= confidence <= 1.0:
+        raise ValidationError(f"confidence must be between 0 and 1, not {confidence!r}")
+    if memory_type == "procedural" and not steps:
+        raise ValidationError("a procedural memory needs its ordered `steps`")
+    for episode in supporting_episode_ids:
+        check_id(episode)
+    fields = dict(fact_type=fact_type, confidence=float(confidence), session_id=session_id, name=name,
+                  trigger=trigger, steps=list(steps) if steps else None,
+                  supporting_episode_ids=list(supporting_episode_ids) or None)
+    if supersedes_id is not None:
+        from .supersession import supersede
+
+        old_ids = [supersedes_id] if isinstance(supersedes_id, str) else list(supersedes_id)
+        return supersede(store, user_id, old_ids, text, memory_type, contradiction=contradiction, **fields)
+    if supporting_episode_ids:
+        for episode in supporting_episode_ids:
+            owned(store, user_id, episode, types=("episodic",))
+    return _index(store, build_document(user_id, text, memory_type, store.now(), **fields))
+
+
+def forget_memory(store: Store, user_id: str, doc_id: str) -> str:
+    """Hard delete, only on an explicit request, only of the user's own document. Returns its index."""
+    doc = owned(store, user_id, doc_id)
+    store.es.delete(index=doc.index, id=doc.id, refresh=store.refresh)
+    return doc.index
+
+
+def owned(store: Store, user_id: str, doc_id: str, *, types: Iterable[C.MemoryType] = C.USER_MEMORY_TYPES,
+          archive: bool = False) -> Owned:
+    """Prove `user_id` owns `doc_id` by reading it through the user's own client.
+
+    Another user's id and an unknown id raise the same `NotFound`: the caller learns
+    nothing about documents it may not see.
+    """
+    check_user(user_id)
+    check_id(doc_id)
+    indices = [index_name(store.prefix, t) for t in types] + ([archive_name(store.prefix)] if archive else [])
+    body = build_owned_query(user_id, doc_id)
+    resp = store.read_client(user_id).search(index=",".join(indices), **body)
+    hits = resp["hits"]["hits"]
+    if not hits:
+        raise NotFound(f"no memory {doc_id} belongs to user {user_id}")
+    hit = hits[0]
+    return Owned(hit["_id"], hit["_index"], hit["_source"], hit["_seq_no"], hit["_primary_term"])
+
+
+def build_owned_query(user_id: str, doc_id: str) -> dict:
+    return {"query": {"bool": {"filter": [{"ids": {"values": [doc_id]}}, {"term": {"user_id": user_id}}]}},
+            "seq_no_primary_term": True, "size": 1, "_source": {"excludes": list(VECTOR_FIELDS)},
+            "ignore_unavailable": True}
+
+
+def update_owned(store: Store, user_id: str, doc: Owned, change: callable, *, refresh: str | None = None) -> dict:
+    """Apply `change(source) -> partial doc` with optimistic concurrency, re-reading on conflict."""
+    current = doc
+    for _ in range(C.OCC_RETRIES):
+        partial = change(current.source)
+        try:
+            store.es.update(index=current.index, id=current.id, doc=partial, if_seq_no=current.seq_no,
+                            if_primary_term=current.primary_term, refresh=refresh or "false")
+            return partial
+        except ESConflict:
+            fresh = store.es.get(index=current.index, id=current.id, source_excludes=list(VECTOR_FIELDS))
+            if fresh["_source"].get("user_id") != user_id:
+                raise NotFound(f"no memory {doc.id} belongs to user {user_id}") from None
+            current = Owned(fresh["_id"], fresh["_index"], fresh["_source"], fresh["_seq_no"], fresh["_primary_term"])
+        except NotFoundError:
+            raise NotFound(f"memory {doc.id} was deleted meanwhile") from None
+    from .errors import ConflictError
+
+    raise ConflictError(f"memory {doc.id} kept changing under {C.OCC_RETRIES} attempts; retry later")
+
+
+def record_use(store: Store, user_id: str, hits: Sequence[Owned]) -> None:
+    """After a recall: bump use_count and refresh last_used_at of the semantic facts returned.
+
+    One `_bulk` of OCC partial updates; the few that conflict (a concurrent recall) are
+    retried one by one, so ten concurrent recalls of a fact end with use_count + 10.
+    """
+    if not hits:
+        return
+    stamp = es_date(store.now())
+
+    def bump(source: dict) -> dict:
+        return {"use_count": int(source.get("use_count", 0)) + 1, "last_used_at": stamp}
+
+    ops = [{"_op_type": "update", "_index": h.index, "_id": h.id, "if_seq_no": h.seq_no,
+            "if_primary_term": h.primary_term, "doc": bump(h.source)} for h in hits]
+    _, errors = helpers.bulk(store.es, ops, raise_on_error=False, refresh=False)
+    conflicted = {e["update"]["_id"] for e in errors if e.get("update", {}).get("status") == 409}
+    for hit in hits:
+        if hit.id in conflicted:
+            update_owned(store, user_id, hit, bump)
+
+
+def record_outcome(store: Store, user_id: str, playbook_id: str, success: bool, *,
+                   refined_steps: Sequence[str] | None = None) -> dict:
+    """A playbook worked ("thanks, that worked") or did not; keeps the smoothed success rate beside the counts."""
+    doc = owned(store, user_id, playbook_id, types=("procedural",))
+    stamp = es_date(store.now())
+
+    def outcome(source: dict) -> dict:
+        wins = int(source.get("success_count", 0)) + int(success)
+        losses = int(source.get("failure_count", 0)) + int(not success)
+        partial = {"success_count": wins, "failure_count": losses, "success_rate": smoothed_success_rate(wins, losses)}
+        if success:
+            partial["last_success_at"] = stamp
+        if refined_steps:
+            partial["refined_steps"] = list(refined_steps)
+        return partial
+
+    return update_owned(store, user_id, doc, outcome, refresh=store.refresh)
+
+
+# --- bulk loading --------------------------------------------------------------------
+
+
+def bulk_load(store: Store, docs: Sequence[dict], *, progress: bool = True, batch: int = 256,
+              refresh: bool = True) -> list[str]:
+    """Index prepared documents (from `build_document`) with their vectors; returns ids in order.
+
+    Used by data-set loaders and the catalog; the embedding cache makes reruns cheap.
+    """
+    ids: list[str] = []
+    bar = tqdm(total=len(docs), desc="indexing", unit="doc", disable=not progress)
+    for start in range(0, len(docs), batch):
+        chunk = [dict(d) for d in docs[start:start + batch]]
+        embed_documents(store, chunk)
+        ops = [{"index": {"_index": index_name(store.prefix, d["memory_type"])}} for d in chunk]
+        body = [line for pair in zip(ops, chunk) for line in pair]
+        resp = store.es.bulk(operations=body, refresh=False)
+        failed = [item["index"] for item in resp["items"] if item["index"].get("error")]
+        if failed:
+            raise ValidationError(f"{len(failed)} documents were refused, first: {failed[0]['error']}")
+        ids += [item["index"]["_id"] for item in resp["items"]]
+        bar.update(len(chunk))
+    bar.close()
+    if refresh:
+        store.es.indices.refresh(index=f"{store.prefix}-*")
+    return ids
+
+
+def parse_when(value: str | datetime) -> datetime:
+    """Accept a datetime or an ISO string (loaders read JSON)."""
+    return as_utc(value) if isinstance(value, datetime) else as_utc(datetime.fromisoformat(value.replace("Z", "+00:00")))

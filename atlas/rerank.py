@@ -1,0 +1,127 @@
+"""Second stage: re-score the fused candidate pool.
+
+The default is not a cross-encoder: it is a second, different embedding model
+(multilingual-e5-small) whose passage vectors are stored at write time, so a recall
+costs one extra query embedding and a few dot products. Its z-scored similarity is
+added to the first model's. A local cross-encoder or an HTTP rerank endpoint
+(Elasticsearch `_inference/rerank`, Cohere/Jina-style `/rerank`) can replace it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import httpx
+import numpy as np
+
+from . import constants as C
+from .embed import Embedder, load_embedder
+from .errors import EmbeddingError
+
+
+def zscore(values: np.ndarray) -> np.ndarray:
+    """Standardise within the pool, so scores of different models can be added."""
+    std = float(values.std())
+    return (values - values.mean()) / std if std > 1e-9 else np.zeros_like(values)
+
+
+class SecondStage(Protocol):
+    name: str
+    #: Model whose passage vectors are stored in `rerank_embedding` at write time, if any.
+    embedder: Embedder | None
+
+    def scores(self, query: str, texts: Sequence[str], vectors: dict[str, np.ndarray],
+               query_vectors: dict[str, np.ndarray]) -> np.ndarray:
+        """One score per candidate, higher is better."""
+        ...
+
+
+@dataclass
+class EmbeddingSecondStage:
+    """z(cos first model) + weight * z(cos second model), from stored vectors."""
+
+    embedder: Embedder
+    weight: float = C.RERANK_SECOND_WEIGHT
+
+    @property
+    def name(self) -> str:
+        return f"embedding:{self.embedder.name}"
+
+    def scores(self, query: str, texts: Sequence[str], vectors: dict[str, np.ndarray],
+               query_vectors: dict[str, np.ndarray]) -> np.ndarray:
+        second_query = self.embedder.embed_queries([query])[0]
+        first = vectors["embedding"] @ query_vectors["embedding"]
+        second = vectors["rerank_embedding"] @ second_query
+        return zscore(first) + self.weight * zscore(second)
+
+
+@dataclass
+class CrossEncoderStage:
+    """A sentence-transformers CrossEncoder from a local path (the package is optional)."""
+
+    path: str
+    embedder: None = None
+
+    @property
+    def name(self) -> str:
+        return f"cross-encoder:{self.path}"
+
+    def scores(self, query: str, texts: Sequence[str], vectors: dict[str, np.ndarray],
+               query_vectors: dict[str, np.ndarray]) -> np.ndarray:
+        try:
+            from sentence_transformers import CrossEncoder
+        except ImportError:
+            raise EmbeddingError("cross-encoder second stage needs `pip install sentence-transformers`") from None
+        model = CrossEncoder(self.path, local_files_only=True)
+        return np.asarray(model.predict([(query, text) for text in texts]), dtype=np.float32)
+
+
+@dataclass
+class HttpRerankStage:
+    """An HTTP rerank endpoint: Elasticsearch `_inference/rerank/<id>` or Cohere/Jina-style `/rerank`."""
+
+    url: str
+    model: str | None = None
+    api_key: str | None = None
+    timeout: float = 30.0
+    embedder: None = None
+
+    @property
+    def name(self) -> str:
+        return f"http:{self.url}"
+
+    def build_body(self, query: str, texts: Sequence[str]) -> dict:
+        if "_inference" in self.url:
+            return {"query": query, "input": list(texts)}
+        return {"query": query, "documents": list(texts), **({"model": self.model} if self.model else {})}
+
+    def scores(self, query: str, texts: Sequence[str], vectors: dict[str, np.ndarray],
+               query_vectors: dict[str, np.ndarray]) -> np.ndarray:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            resp = httpx.post(self.url, json=self.build_body(query, texts), headers=headers, timeout=self.timeout)
+            resp.raise_for_status()
+            payload = resp.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise EmbeddingError(f"rerank endpoint {self.url} failed: {exc}") from None
+        results = payload.get("results") or payload.get("rerank") or payload.get("data") or []
+        out = np.full(len(texts), -np.inf, dtype=np.float32)
+        for item in results:
+            out[int(item["index"])] = float(item.get("relevance_score", item.get("score", 0.0)))
+        return out
+
+
+def load_second_stage(spec: str | None, cache_dir: Path | None = None) -> SecondStage | None:
+    """'e5' (default), 'embed:<embedder spec>', 'cross-encoder:/path', 'http(s)://...#model', or 'none'."""
+    if not spec or spec == "none":
+        return None
+    if spec.startswith("cross-encoder:"):
+        return CrossEncoderStage(spec.removeprefix("cross-encoder:"))
+    if spec.startswith(("http://", "https://")):
+        url, _, model = spec.partition("#")
+        return HttpRerankStage(url, model or None, os.environ.get("ATLAS_RERANK_API_KEY"))
+    return EmbeddingSecondStage(load_embedder(spec.removeprefix("embed:"), cache_dir=cache_dir))

