@@ -106,19 +106,16 @@ def write_memory(store: Store, user_id: str, text: str, memory_type: C.MemoryTyp
         raise ValidationError(f"confidence must be between 0 and 1, not {confidence!r}")
     if memory_type == "procedural" and not steps:
         raise ValidationError("a procedural memory needs its ordered `steps`")
-    for episode in supporting_episode_ids:
-        check_id(episode)
     fields = dict(fact_type=fact_type, confidence=float(confidence), session_id=session_id, name=name,
                   trigger=trigger, steps=list(steps) if steps else None,
                   supporting_episode_ids=list(supporting_episode_ids) or None)
+    for episode in supporting_episode_ids:
+        owned(store, user_id, episode, types=("episodic",))
     if supersedes_id is not None:
-        from .supersession import supersede
+        from .supersession import supersede  # supersession builds on this module
 
         old_ids = [supersedes_id] if isinstance(supersedes_id, str) else list(supersedes_id)
         return supersede(store, user_id, old_ids, text, memory_type, contradiction=contradiction, **fields)
-    if supporting_episode_ids:
-        for episode in supporting_episode_ids:
-            owned(store, user_id, episode, types=("episodic",))
     return _index(store, build_document(user_id, text, memory_type, store.now(), **fields))
 
 

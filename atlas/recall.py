@@ -1,0 +1,255 @@
+"""Hybrid recall: BM25 and kNN over the four indices in one `_msearch`, fused by RRF, then re-scored.
+
+This cluster has no `rrf` retriever, so fusion happens here: each path returns its
+top `window` (each already multiplied by recency, use and priors, `atlas.scoring`),
+and a document's fused score is the sum over paths of 1 / (rank_constant + rank).
+The second stage (`atlas.rerank`) re-scores the top `pool` of the fused list.
+Every request body is built by a pure function, so a notebook can print it and paste
+it into Kibana Dev Tools.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import numpy as np
+
+from . import constants as C
+from .errors import AtlasError
+from .memory import VECTOR_FIELDS, Owned, record_use
+from .rerank import zscore
+from .schemas import archive_name, searchable
+from .scoring import ScoringParams, build_scored_query
+from .store import Store
+from .validation import check_choice, check_k, check_text, check_types, check_user
+
+
+@dataclass
+class Hit:
+    """One recalled memory and how it got its place."""
+
+    id: str
+    index: str
+    memory_type: str
+    text: str
+    user_id: str | None
+    #: 1-based rank in each retrieval path that found it ("bm25", "dense").
+    ranks: dict[str, int]
+    rrf: float
+    second: float | None
+    score: float
+    superseded_by: str | None
+    superseded_at: str | None
+    source: dict = field(repr=False)
+    seq_no: int = field(default=-1, repr=False)
+    primary_term: int = field(default=-1, repr=False)
+
+    @property
+    def current(self) -> bool:
+        return self.superseded_by is None
+
+
+@dataclass
+class RecallResult:
+    user_id: str
+    query: str
+    mode: C.RecallMode
+    hits: list[Hit]
+    #: Name of the second stage that ordered the hits, or None (RRF order).
+    second_stage: str | None
+    #: Said when something fell back (e.g. "second stage failed: ...; RRF order").
+    note: str | None
+    #: Seconds spent in query embedding, Elasticsearch, fusion and the second stage.
+    timings: dict[str, float]
+    #: The `_msearch` body, header and search per path.
+    requests: list[dict]
+
+    def ids(self) -> list[str]:
+        return [hit.id for hit in self.hits]
+
+
+# --- request bodies ------------------------------------------------------------------
+
+
+def build_filters(user_id: str, *, code_filter: bool = True, include_superseded: bool = False) -> dict:
+    """The user's own documents plus the shared catalog (the code-side twin of the DLS query)."""
+    clauses: dict = {"filter": [], "must_not": []}
+    if code_filter:
+        clauses["filter"].append({"bool": {"should": [
+            {"term": {"user_id": user_id}},
+            {"bool": {"must_not": {"exists": {"field": "user_id"}}}},
+        ], "minimum_should_match": 1}})
+    if not include_superseded:
+        clauses["must_not"].append({"exists": {"field": "superseded_by"}})
+    return {"bool": clauses}
+
+
+def build_bm25_body(query: str, filters: dict, now: datetime, params: ScoringParams, window: int) -> dict:
+    """BM25 over the text and its exact-token subfield."""
+    match = {"multi_match": {"query": query, "fields": ["text", "text.exact"], "type": "most_fields"}}
+    inner = {"bool": {"must": [match], "filter": [filters]}}
+    return {"size": window, "query": build_scored_query(inner, now, params), "seq_no_primary_term": True,
+            "_source": {"excludes": list(VECTOR_FIELDS)}}
+
+
+def build_knn_body(vector: Sequence[float], filters: dict, now: datetime, params: ScoringParams, window: int,
+                   num_candidates: int = C.KNN_NUM_CANDIDATES) -> dict:
+    """kNN as a query (not the top-level `knn` section) so that it can sit inside function_score."""
+    knn = {"knn": {"field": "embedding", "query_vector": [round(float(x), 6) for x in vector], "k": window,
+                   "num_candidates": max(window, num_candidates), "filter": [filters]}}
+    return {"size": window, "query": build_scored_query(knn, now, params), "seq_no_primary_term": True,
+            "_source": {"excludes": list(VECTOR_FIELDS)}}
+
+
+def recall_indices(store: Store, types: Sequence[C.MemoryType], include_superseded: bool) -> str:
+    names = searchable(store.prefix, types)
+    return ",".join(names + ([archive_name(store.prefix)] if include_superseded else []))
+
+
+def paths_of(mode: C.RecallMode) -> tuple[str, ...]:
+    return {"bm25": ("bm25",), "dense": ("dense",)}.get(mode, ("bm25", "dense"))
+
+
+def build_recall_requests(store: Store, user_id: str, query: str, *, mode: C.RecallMode,
+                          types: Sequence[C.MemoryType], include_superseded: bool, now: datetime,
+                          params: ScoringParams, window: int, query_vector: Sequence[float] | None) -> list[dict]:
+    """[{"path", "header", "body"}] of one `_msearch`: one search per retrieval path."""
+    header = {"index": recall_indices(store, types, include_superseded), "ignore_unavailable": True}
+    filters = build_filters(user_id, code_filter=store.code_filter, include_superseded=include_superseded)
+    requests = []
+    for path in paths_of(mode):
+        body = build_bm25_body(query, filters, now, params, window) if path == "bm25" else \
+            build_knn_body(query_vector, filters, now, params, window)  # type: ignore[arg-type]
+        requests.append({"path": path, "header": header, "body": body})
+    return requests
+
+
+def to_kibana(requests: list[dict]) -> str:
+    """The `_msearch` as it would be typed in Kibana Dev Tools."""
+    lines = ["GET _msearch"]
+    for request in requests:
+        lines += [json.dumps(request["header"]), json.dumps(request["body"])]
+    return "\n".join(lines)
+
+
+# --- fusion ------------------------------------------------------------------------------
+
+
+def rrf_fuse(rankings: dict[str, list[str]], rank_constant: int = C.RRF_RANK_CONSTANT) -> list[tuple[str, float, dict]]:
+    """Reciprocal rank fusion: [(key, score, {path: rank})], best first; ties keep first-seen order."""
+    scores: dict[str, float] = {}
+    ranks: dict[str, dict[str, int]] = {}
+    for path, keys in rankings.items():
+        for rank, key in enumerate(keys, start=1):
+            scores[key] = scores.get(key, 0.0) + 1.0 / (rank_constant + rank)
+            ranks.setdefault(key, {})[path] = rank
+    order = sorted(scores, key=lambda key: -scores[key])
+    return [(key, scores[key], ranks[key]) for key in order]
+
+
+def _hit(raw: dict, ranks: dict[str, int], rrf: float) -> Hit:
+    source = raw["_source"]
+    return Hit(id=raw["_id"], index=raw["_index"], memory_type=source.get("memory_type", ""), text=source.get("text", ""),
+               user_id=source.get("user_id"), ranks=ranks, rrf=rrf, second=None, score=rrf,
+               superseded_by=source.get("superseded_by"), superseded_at=source.get("superseded_at"),
+               source=source, seq_no=raw.get("_seq_no", -1), primary_term=raw.get("_primary_term", -1))
+
+
+# --- the second stage -------------------------------------------------------------------------
+
+
+def _second_stage(store: Store, user_id: str, query: str, pool: list[Hit], query_vector: np.ndarray | None,
+                  rrf_weight: float) -> None:
+    """Re-score `pool` in place: rrf_weight * z(rrf) + second-stage score."""
+    stage = store.second_stage
+    assert stage is not None
+    vectors: dict[str, np.ndarray] = {}
+    if stage.embedder is not None:
+        docs = store.read_client(user_id).mget(docs=[{"_index": h.index, "_id": h.id} for h in pool],
+                                               source_includes=list(VECTOR_FIELDS))["docs"]
+        try:
+            for name in VECTOR_FIELDS:
+                vectors[name] = np.asarray([d["_source"][name] for d in docs], dtype=np.float32)
+        except KeyError as exc:
+            raise AtlasError(f"a candidate has no stored {exc.args[0]} (written before the second stage was set up)") from None
+    scores = stage.scores(query, [h.text for h in pool], vectors,
+                          {"embedding": query_vector} if query_vector is not None else {})
+    combined = rrf_weight * zscore(np.asarray([h.rrf for h in pool])) + scores
+    for hit, second, final in zip(pool, scores, combined):
+        hit.second, hit.score = float(second), float(final)
+    pool.sort(key=lambda h: -h.score)
+
+
+# --- recall ------------------------------------------------------------------------------------
+
+
+def recall(store: Store, user_id: str, query: str, k: int = 10, types: Sequence[C.MemoryType] | None = None,
+           include_superseded: bool = False, mode: C.RecallMode = C.DEFAULT_RECALL_MODE, *,
+           now: datetime | None = None, params: ScoringParams | None = None, window: int = C.RRF_WINDOW,
+           rank_constant: int = C.RRF_RANK_CONSTANT, pool: int = C.RERANK_POOL,
+           rrf_weight: float = C.RERANK_RRF_WEIGHT, touch: bool = True) -> RecallResult:
+    """The user's memories (and catalog items) most relevant to `query`, best first.
+
+    Reads go through the user's own client. `touch` refreshes `last_used_at` and bumps
+    `use_count` of the current semantic facts returned (evaluations turn it off).
+    """
+    check_user(user_id)
+    check_text(query, "query")
+    check_k(k)
+    check_choice(mode, C.RECALL_MODES, "mode")
+    checked_types = check_types(types)
+    now = now or store.now()
+    params = params or store.params
+    timings = {"embed": 0.0, "es": 0.0, "fusion": 0.0, "second": 0.0}
+    started = time.perf_counter()
+    query_vector = store.embedder.embed_queries([query])[0] if mode != "bm25" else None
+    timings["embed"] = time.perf_counter() - started
+    requests = build_recall_requests(store, user_id, query, mode=mode, types=checked_types,
+                                     include_superseded=include_superseded, now=now, params=params,
+                                     window=max(window, k), query_vector=query_vector)
+    started = time.perf_counter()
+    searches = [part for r in requests for part in (r["header"], r["body"])]
+    responses = store.read_client(user_id).msearch(searches=searches)["responses"]
+    timings["es"] = time.perf_counter() - started
+    started = time.perf_counter()
+    raw: dict[str, dict] = {}
+    rankings: dict[str, list[str]] = {}
+    for request, response in zip(requests, responses):
+        if "error" in response:
+            raise AtlasError(f"{request['path']} search failed: {response['error'].get('reason', response['error'])}")
+        rankings[request["path"]] = []
+        for doc in response["hits"]["hits"]:
+            key = f"{doc['_index']}/{doc['_id']}"
+            raw.setdefault(key, doc)
+            rankings[request["path"]].append(key)
+    hits = [_hit(raw[key], ranks, score) for key, score, ranks in rrf_fuse(rankings, rank_constant)]
+    timings["fusion"] = time.perf_counter() - started
+    stage_name, note = None, None
+    if mode == "hybrid+rerank" and hits:
+        if store.second_stage is None:
+            note = "no second stage configured: RRF order"
+        else:
+            started = time.perf_counter()
+            head = hits[:pool]
+            try:
+                _second_stage(store, user_id, query, head, query_vector, rrf_weight)
+                stage_name = store.second_stage.name
+                hits = head + hits[pool:]
+            except AtlasError as exc:
+                note = f"second stage failed ({exc}): RRF order"
+            timings["second"] = time.perf_counter() - started
+    hits = hits[:k]
+    if touch:
+        facts = [Owned(h.id, h.index, h.source, h.seq_no, h.primary_term) for h in hits
+                 if h.memory_type == "semantic" and h.current and h.user_id == user_id]
+        record_use(store, user_id, facts)
+    return RecallResult(user_id, query, mode, hits, stage_name, note, timings, requests)
+
+
+def pre_recall(store: Store, user_id: str, message: str, k: int = 8) -> RecallResult:
+    """The recall every agent turn starts with: on the user's verbatim message, default mode."""
+    return recall(store, user_id, message, k=k)

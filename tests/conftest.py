@@ -1,0 +1,47 @@
+"""Fixtures against the real cluster: each test module owns an isolated index prefix, dropped afterwards."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timezone
+
+import pytest
+
+from atlas.connection import connect
+from atlas.errors import ConnectionFailed
+from atlas.store import Store, open_store
+
+#: The fixed "now" of tests, so that decay is deterministic.
+NOW = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)
+
+
+@pytest.fixture(scope="session")
+def es():
+    try:
+        return connect()
+    except ConnectionFailed as exc:
+        pytest.exit(f"the test cluster is not reachable: {exc}", returncode=3)
+
+
+def make_prefix(tag: str) -> str:
+    """t-<tag>-<random>: valid as an index prefix whatever the test is called."""
+    return f"t-{re.sub(r'[^a-z0-9]+', '-', tag.lower())[:16].strip('-')}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def store(es, request) -> Iterator[Store]:
+    """A store on a fresh prefix with the fixed clock NOW; dropped after the test."""
+    s = open_store(make_prefix(request.node.name.removeprefix("test_")), es=es, now=lambda: NOW)
+    yield s
+    s.drop()
+
+
+@pytest.fixture(scope="module")
+def module_store(es, request) -> Iterator[Store]:
+    """One store shared by a module's tests (for fixtures that are costly to load)."""
+    s = open_store(make_prefix(request.module.__name__.split(".")[-1].removeprefix("test_")), es=es,
+                   now=lambda: NOW)
+    yield s
+    s.drop()

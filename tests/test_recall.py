@@ -1,0 +1,173 @@
+"""Writing and hybrid recall against the real cluster (issue 3)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+
+from atlas.errors import NotFound, ValidationError
+from atlas.memory import build_document, bulk_load, forget_memory, write_episode, write_memory
+from atlas.recall import build_recall_requests, recall, rrf_fuse, to_kibana
+
+from .conftest import NOW
+
+
+def test_same_turn_visibility(store):
+    doc_id = write_episode(store, "sarah", "The nursery lamp turned on at 3am again", "s1")
+    hits = recall(store, "sarah", "nursery lamp at night", k=3, mode="bm25").hits
+    assert hits and hits[0].id == doc_id
+
+
+def test_exact_token_found_by_bm25_when_dense_misses(store):
+    target = write_memory(store, "sarah", "The kitchen display showed E-0x41 after the storm", "semantic")
+    for code in ("E-0x14", "E-0x40", "E-0x44", "E-0x11"):
+        write_memory(store, "sarah", f"Hub error {code} is a known firmware error code", "semantic")
+    query = "what does error E-0x41 mean"
+    assert recall(store, "sarah", query, k=1, mode="bm25", touch=False).ids() == [target]
+    assert recall(store, "sarah", query, k=1, mode="dense", touch=False).ids() != [target], \
+        "the fixture no longer shows a dense miss; pick harder distractors"
+    hybrid = recall(store, "sarah", query, k=3, mode="hybrid", touch=False)
+    assert target in hybrid.ids() and hybrid.hits[hybrid.ids().index(target)].ranks["bm25"] == 1
+
+
+def test_paraphrase_found_by_dense_when_bm25_misses(store):
+    target = write_memory(store, "sarah", "Biscuit chews through sensor cables", "semantic")
+    write_memory(store, "sarah", "My puppy photo is the phone wallpaper", "semantic")
+    query = "my dog keeps gnawing on the wires"
+    assert target not in recall(store, "sarah", query, mode="bm25", touch=False).ids()
+    assert recall(store, "sarah", query, k=1, mode="dense", touch=False).ids() == [target]
+
+
+def test_rrf_matches_hand_computation():
+    fused = rrf_fuse({"bm25": ["a", "b", "c"], "dense": ["c", "a"]}, rank_constant=30)
+    by_key = {key: (score, ranks) for key, score, ranks in fused}
+    assert by_key["a"][0] == pytest.approx(1 / 31 + 1 / 32)
+    assert by_key["c"][0] == pytest.approx(1 / 33 + 1 / 31)
+    assert by_key["b"][0] == pytest.approx(1 / 32)
+    assert [key for key, _, _ in fused] == ["a", "c", "b"]
+    assert by_key["c"][1] == {"bm25": 3, "dense": 1}
+
+
+def test_fusion_order_on_cluster_matches_rrf_of_paths(store):
+    for text in ["hub reset steps", "reset the hub by holding the button", "router reboot", "hub firmware notes"]:
+        write_memory(store, "sarah", text, "semantic")
+    result = recall(store, "sarah", "how do I reset my hub", k=4, mode="hybrid", touch=False)
+    expected = sorted(result.hits, key=lambda h: -sum(1 / (30 + r) for r in h.ranks.values()))
+    assert [h.id for h in result.hits] == [h.id for h in expected]
+    for hit in result.hits:
+        assert hit.rrf == pytest.approx(sum(1 / (30 + r) for r in hit.ranks.values()))
+
+
+def test_superseded_hidden_unless_asked(store):
+    old = write_memory(store, "sarah", "Sarah lives in Bristol", "semantic", fact_type="location")
+    new = write_memory(store, "sarah", "Sarah lives in Edinburgh", "semantic", supersedes_id=old)
+    ids = recall(store, "sarah", "where does Sarah live", touch=False).ids()
+    assert new in ids and old not in ids
+    flagged = {h.id: h for h in recall(store, "sarah", "where does Sarah live", include_superseded=True,
+                                       touch=False).hits}
+    assert flagged[old].superseded_by == new and flagged[old].superseded_at
+
+
+def test_forget_deletes_only_callers_document(store):
+    mine = write_memory(store, "sarah", "Sarah's wifi password hint is the dog's name", "semantic")
+    theirs = write_memory(store, "tom", "Tom's wifi password hint is his street", "semantic")
+    with pytest.raises(NotFound):
+        forget_memory(store, "sarah", theirs)
+    assert store.es.exists(index=f"{store.prefix}-semantic", id=theirs)
+    forget_memory(store, "sarah", mine)
+    assert not store.es.exists(index=f"{store.prefix}-semantic", id=mine)
+
+
+def test_catalog_shared_other_users_hidden(store):
+    bulk_load(store, [build_document(None, "Lumio Hub v2 smart home hub, Zigbee and Thread", "catalog", NOW,
+                                     title="Lumio Hub v2", category="hub")], progress=False)
+    write_memory(store, "tom", "Tom has a Lumio Hub v2 in the garage", "semantic")
+    hits = recall(store, "sarah", "Lumio Hub v2", touch=False).hits
+    assert [h.memory_type for h in hits] == ["catalog"]
+
+
+def test_use_count_race(store):
+    fact = write_memory(store, "sarah", "Sarah prefers warm white light in the evening", "semantic")
+    barrier = threading.Barrier(10)
+    errors = []
+
+    def one():
+        barrier.wait()
+        try:
+            recall(store, "sarah", "warm white light evening", k=1, mode="bm25")
+        except Exception as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert store.es.get(index=f"{store.prefix}-semantic", id=fact)["_source"]["use_count"] == 10
+
+
+def test_recall_refreshes_last_used_at(store):
+    fact = write_memory(store, "sarah", "Sarah's hub is in the hallway cupboard", "semantic")
+    later = NOW + timedelta(days=30)
+    store.now = lambda: later
+    recall(store, "sarah", "hallway cupboard hub", k=1)
+    source = store.es.get(index=f"{store.prefix}-semantic", id=fact)["_source"]
+    assert source["last_used_at"].startswith("2026-12-01") and source["use_count"] == 1
+
+
+def test_all_modes_and_second_stage(store):
+    write_memory(store, "sarah", "The nursery speaker is silent from 7pm to 7am", "semantic")
+    for mode in ("bm25", "dense", "hybrid", "hybrid+rerank"):
+        result = recall(store, "sarah", "quiet hours in the baby's room", k=1, mode=mode, touch=False)
+        assert result.hits, mode
+    rerank = recall(store, "sarah", "quiet hours in the baby's room", mode="hybrid+rerank", touch=False)
+    assert rerank.second_stage and rerank.note is None and rerank.hits[0].second is not None
+
+
+def test_second_stage_failure_falls_back(store):
+    write_memory(store, "sarah", "The porch light follows sunset", "semantic")
+
+    class Broken:
+        name, embedder = "broken", None
+
+        def scores(self, *args):
+            from atlas.errors import EmbeddingError
+            raise EmbeddingError("endpoint down")
+
+    store.second_stage = Broken()
+    result = recall(store, "sarah", "porch light", touch=False)
+    assert result.hits and result.second_stage is None and "RRF order" in result.note
+
+
+def test_request_bodies_are_printable(store):
+    requests = build_recall_requests(store, "sarah", "hub", mode="hybrid", types=("semantic",),
+                                     include_superseded=False, now=NOW, params=store.params, window=80,
+                                     query_vector=[0.0] * store.embedder.dims)
+    assert [r["path"] for r in requests] == ["bm25", "dense"]
+    text = to_kibana(requests)
+    assert text.startswith("GET _msearch") and '"user_id": "sarah"' in text
+
+
+@pytest.mark.parametrize("bad", [
+    dict(query=""), dict(query="   "), dict(k=0), dict(k=10_000), dict(types=["dreams"]), dict(mode="magic"),
+    dict(user_id="Not A User"), dict(query=123),
+])
+def test_bad_recall_input(store, bad):
+    args = {"user_id": "sarah", "query": "hub", **bad}
+    with pytest.raises(ValidationError):
+        recall(store, args.pop("user_id"), args.pop("query"), **args)
+
+
+@pytest.mark.parametrize("bad", [
+    dict(text=""), dict(memory_type="dreams"), dict(memory_type="catalog"), dict(contradiction="rude"),
+    dict(supersedes_id="../../etc"), dict(confidence=2.0), dict(memory_type="procedural"),
+])
+def test_bad_write_input_writes_nothing(store, bad):
+    args = {"text": "a fact", "memory_type": "semantic", **bad}
+    with pytest.raises(ValidationError):
+        write_memory(store, "sarah", args.pop("text"), args.pop("memory_type"), **args)
+    store.es.indices.refresh(index=f"{store.prefix}-*")
+    assert store.es.count(index=f"{store.prefix}-*")["count"] == 0

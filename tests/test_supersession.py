@@ -1,0 +1,163 @@
+"""Supersession, audit chains, concurrency, crash repair and the archive (issue 4)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+
+from atlas import supersession
+from atlas.constants import SUPERSEDE_CONFIDENCE_PENALTY
+from atlas.errors import AlreadySuperseded, ConflictError, NotFound
+from atlas.memory import write_memory
+from atlas.recall import recall
+from atlas.supersession import archive, history, repair
+
+from .conftest import NOW
+
+
+def _get(store, doc_id):
+    return store.es.get(index=f"{store.prefix}-semantic", id=doc_id)["_source"]
+
+
+def test_natural_and_harsh(store):
+    a = write_memory(store, "sarah", "Sarah's hub is on firmware 4.1", "semantic", fact_type="device")
+    b = write_memory(store, "sarah", "Sarah's hub is on firmware 4.2", "semantic", supersedes_id=a)
+    assert _get(store, b)["confidence"] == 1.0 and _get(store, b)["contradiction"] == "natural"
+    c = write_memory(store, "sarah", "Sarah's hub is on firmware 4.0", "semantic", supersedes_id=b,
+                     contradiction="harsh")
+    assert _get(store, c)["confidence"] == pytest.approx(1.0 - SUPERSEDE_CONFIDENCE_PENALTY)
+    assert _get(store, a)["superseded_by"] == b and _get(store, b)["superseded_by"] == c
+    assert _get(store, c)["supersedes"] == [b]
+
+
+def test_one_statement_retires_several(store):
+    olds = [write_memory(store, "sarah", t, "semantic", fact_type="location") for t in
+            ("Sarah lives in Bristol", "Sarah's flat is in Clifton, Bristol", "Sarah commutes to Bristol Temple Meads")]
+    keep = write_memory(store, "sarah", "Victorian flats in Bristol have thick walls", "semantic")
+    new = write_memory(store, "sarah", "Sarah moved to Edinburgh", "semantic", supersedes_id=olds)
+    for old in olds:
+        assert _get(store, old)["superseded_by"] == new
+    assert "superseded_by" not in _get(store, keep)
+    ids = recall(store, "sarah", "Bristol", k=10, touch=False).ids()
+    assert keep in ids and not set(olds) & set(ids)
+
+
+def test_chain_history_both_ways(store):
+    abc = write_memory(store, "sarah", "Sarah's router is a Netgear", "semantic")
+    xyz = write_memory(store, "sarah", "Sarah's router is a TP-Link", "semantic", supersedes_id=abc)
+    pqr = write_memory(store, "sarah", "Sarah's router is an Eero", "semantic", supersedes_id=xyz)
+    for start in (abc, xyz, pqr):
+        assert [d["id"] for d in history(store, "sarah", start)] == [abc, xyz, pqr]
+
+
+def test_superseding_a_superseded_document_names_the_head(store):
+    abc = write_memory(store, "sarah", "fact v1", "semantic")
+    xyz = write_memory(store, "sarah", "fact v2", "semantic", supersedes_id=abc)
+    pqr = write_memory(store, "sarah", "fact v3", "semantic", supersedes_id=xyz)
+    with pytest.raises(AlreadySuperseded) as info:
+        write_memory(store, "sarah", "fact v4", "semantic", supersedes_id=abc)
+    assert info.value.head_id == pqr and pqr in str(info.value)
+
+
+def test_owner_checked(store):
+    toms = write_memory(store, "tom", "Tom lives in Leeds", "semantic")
+    with pytest.raises(NotFound):
+        write_memory(store, "sarah", "Tom lives in York", "semantic", supersedes_id=toms)
+    assert "superseded_by" not in _get(store, toms)
+    with pytest.raises(NotFound):
+        history(store, "sarah", toms)
+
+
+def test_concurrent_supersession_exactly_one_wins(store):
+    old = write_memory(store, "sarah", "Sarah's thermostat target is 20C", "semantic")
+    barrier = threading.Barrier(2)
+    outcomes: list[object] = []
+    real_mark = supersession._mark
+
+    def slow_mark(*args, **kwargs):
+        barrier.wait()  # both writers have read `old` and indexed their new fact
+        return real_mark(*args, **kwargs)
+
+    supersession._mark = slow_mark
+    try:
+        def writer(text):
+            try:
+                outcomes.append(write_memory(store, "sarah", text, "semantic", supersedes_id=old))
+            except ConflictError as exc:
+                outcomes.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(t,)) for t in ("target 21C", "target 19C")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        supersession._mark = real_mark
+    winners = [o for o in outcomes if isinstance(o, str)]
+    losers = [o for o in outcomes if isinstance(o, ConflictError)]
+    assert len(winners) == 1 and len(losers) == 1
+    assert _get(store, old)["superseded_by"] == winners[0]
+    store.es.indices.refresh(index=f"{store.prefix}-semantic")
+    current = store.es.search(index=f"{store.prefix}-semantic", query={"bool": {"must_not": {"exists": {
+        "field": "superseded_by"}}}})["hits"]["hits"]
+    assert [h["_id"] for h in current] == winners, "the loser's new fact must not be left behind"
+
+
+def test_crash_between_write_and_mark_is_repaired(store, monkeypatch):
+    old = write_memory(store, "sarah", "Sarah's dog is called Biscuit", "semantic")
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("injected crash after the new document was written")
+
+    monkeypatch.setattr(supersession, "_mark", crash)
+    with pytest.raises(RuntimeError):
+        write_memory(store, "sarah", "Sarah's dog is called Crumble", "semantic", supersedes_id=old)
+    monkeypatch.undo()
+    store.es.indices.refresh(index=f"{store.prefix}-semantic")
+    both = recall(store, "sarah", "what is the dog called", k=5, touch=False).ids()
+    assert old in both and len(both) == 2, "before repair both look current"
+    report = repair(store)
+    assert len(report.completed) == 1 and report.completed[0][0] == old
+    after = recall(store, "sarah", "what is the dog called", k=5, touch=False).ids()
+    assert old not in after and len(after) == 1
+    assert repair(store).completed == [], "repair is idempotent"
+
+
+def test_repair_removes_a_race_loser(store):
+    old = write_memory(store, "sarah", "Sarah's hub sits on the shelf", "semantic")
+    winner = write_memory(store, "sarah", "Sarah's hub sits in the cupboard", "semantic", supersedes_id=old)
+    orphan = store.es.index(index=f"{store.prefix}-semantic", refresh=True, document={
+        **_get(store, winner), "text": "Sarah's hub sits in the attic", "supersedes": [old]})["_id"]
+    report = repair(store)
+    assert report.removed_orphans == [orphan]
+    assert not store.es.exists(index=f"{store.prefix}-semantic", id=orphan)
+
+
+def test_archive_moves_old_superseded_and_is_resumable(store, monkeypatch):
+    old = write_memory(store, "sarah", "Sarah lives in Bristol", "semantic")
+    new = write_memory(store, "sarah", "Sarah lives in Edinburgh", "semantic", supersedes_id=old)
+    assert archive(store, "90d", now=NOW + timedelta(days=30), progress=False) == 0
+    # A crash after the copy, before the delete: the rerun finishes without duplicating.
+    real_bulk = supersession.helpers.bulk
+    calls = {"n": 0}
+
+    def crash_on_delete(client, actions, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("injected crash between copy and delete")
+        return real_bulk(client, actions, **kwargs)
+
+    monkeypatch.setattr(supersession.helpers, "bulk", crash_on_delete)
+    with pytest.raises(RuntimeError):
+        archive(store, "90d", now=NOW + timedelta(days=100), progress=False)
+    monkeypatch.undo()
+    assert store.es.exists(index=f"{store.prefix}-archive", id=old)
+    assert archive(store, "90d", now=NOW + timedelta(days=100), progress=False) == 1
+    assert not store.es.exists(index=f"{store.prefix}-semantic", id=old)
+    assert store.es.count(index=f"{store.prefix}-archive")["count"] == 1
+    assert [d["id"] for d in history(store, "sarah", new)] == [old, new]
+    flagged = recall(store, "sarah", "Bristol", include_superseded=True, touch=False).hits
+    assert any(h.id == old and h.superseded_by == new for h in flagged)
+    assert old not in recall(store, "sarah", "Bristol", touch=False).ids()
