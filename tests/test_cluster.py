@@ -1,0 +1,89 @@
+"""The local node and `connect()`: idempotent lifecycle, clear errors (issue 2)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+
+import pytest
+
+from atlas import cluster
+from atlas.config import load_settings
+from atlas.connection import connect, server_version, version_problem
+from atlas.errors import ClusterError, ConnectionFailed
+
+LOCAL = load_settings().local
+local_only = pytest.mark.skipif(not LOCAL, reason="ES_URL points at an external cluster")
+
+
+@local_only
+def test_up_is_idempotent_and_status_answers():
+    before = cluster.status()
+    creds = cluster.up()
+    after = cluster.status()
+    assert after["answering"] and after["pid"] == before["pid"]
+    assert creds["url"] == after["url"]
+
+
+@local_only
+def test_node_never_runs_as_root():
+    pid = cluster.status()["pid"]
+    owner = pwd.getpwuid(os.stat(f"/proc/{pid}").st_uid).pw_name
+    assert owner != "root"
+    if os.geteuid() == 0:
+        assert owner == cluster.ES_USER
+
+
+@local_only
+def test_credentials_file_is_private():
+    path = cluster.credentials_path(load_settings())
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_taken_port_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATLAS_ES_DIR", str(tmp_path / "node"))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(ClusterError, match=f"port {port} is taken"):
+            cluster.up(load_settings(home=tmp_path, es_port=port))
+
+
+def test_external_cluster_starts_nothing(tmp_path):
+    with pytest.raises(ClusterError, match="ES_URL is set"):
+        cluster.up(load_settings(home=tmp_path, es_url="http://127.0.0.1:1"))
+
+
+def test_cluster_down_is_a_one_line_error(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        free = sock.getsockname()[1]
+    with pytest.raises(ConnectionFailed, match="not answering") as info:
+        connect(load_settings(home=tmp_path, es_url=f"http://127.0.0.1:{free}", es_username="elastic",
+                              es_password="x"))
+    assert "\n" not in str(info.value)
+
+
+def test_wrong_password_is_a_one_line_error(tmp_path):
+    url = load_settings().url
+    with pytest.raises(ConnectionFailed, match="refused the credentials"):
+        connect(load_settings(home=tmp_path, es_url=url, es_username="elastic", es_password="wrong-password"))
+
+
+def test_version_check():
+    assert version_problem(["9.2.0"], "u") is None
+    message = version_problem(["8.15.1"], "http://old")
+    assert "8.15.1" in message and "pip install" in message
+
+
+def test_connect_reports_a_9x_server(es):
+    assert server_version(es).startswith("9.")
+
+
+def test_render_config_is_single_node_secure_trial(tmp_path):
+    text = cluster.render_config(cluster.LocalNode(tmp_path), load_settings(home=tmp_path, es_port=9333))
+    for line in ("network.host: 127.0.0.1", "http.port: 9333", "discovery.type: single-node",
+                 "xpack.security.enabled: true", "xpack.license.self_generated.type: trial"):
+        assert line in text
