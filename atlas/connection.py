@@ -7,6 +7,7 @@ behind a 9.x client) becomes a one-line `ConnectionFailed` that says what to do.
 from __future__ import annotations
 
 import elasticsearch
+from elastic_transport import ApiResponse
 from elasticsearch import Elasticsearch
 
 from .cluster import credentials_path, local_credentials
@@ -36,6 +37,27 @@ def client_options(settings: Settings) -> dict:
     return options
 
 
+class AtlasClient(Elasticsearch):
+    """The client `connect()` returns: a lost or timed-out connection raises `ConnectionFailed`.
+
+    Every layer talks to Elasticsearch through this client, so callers catch one `AtlasError`
+    whatever call was in flight. Only transport failures are mapped; API errors (404, 409, ...)
+    keep their classes for the layers that handle them. Nothing is cached: the next call after
+    the node is back simply succeeds.
+    """
+
+    def perform_request(self, method: str, path: str, **kwargs: object) -> ApiResponse:
+        try:
+            return super().perform_request(method, path, **kwargs)  # type: ignore[arg-type]
+        except (elasticsearch.ConnectionError, elasticsearch.ConnectionTimeout) as exc:
+            urls = ", ".join(node.base_url for node in self.transport.node_pool.all())
+            reason = " ".join(str(getattr(exc, "message", exc)).split())
+            raise ConnectionFailed(
+                f"Elasticsearch at {urls} is not answering ({reason}): start it (`make es-up`) or fix ES_URL, "
+                "then retry; the client reconnects by itself"
+            ) from exc
+
+
 def connect(settings: Settings | None = None, *, api_key: str | None = None, check: bool = True,
             request_timeout: float = 30) -> Elasticsearch:
     """A client with the service credential, or with `api_key` (a user's key) when given.
@@ -48,7 +70,7 @@ def connect(settings: Settings | None = None, *, api_key: str | None = None, che
     if api_key is not None:
         options.pop("basic_auth", None)
         options["api_key"] = api_key
-    es = Elasticsearch(**options, request_timeout=request_timeout, max_retries=1, retry_on_timeout=False)
+    es = AtlasClient(**options, request_timeout=request_timeout, max_retries=1, retry_on_timeout=False)
     if check:
         check_connection(es, settings.url, user_key=api_key is not None)
     return es

@@ -72,3 +72,33 @@ EMBED_MAX_TOKENS = 256
 
 # --- archive -----------------------------------------------------------------
 ARCHIVE_OLDER_THAN = "90d"
+
+# --- agent tools ----------------------------------------------------------------
+#: Hits an agent sees per recall: the pre-recall of every turn and the recall tool's default.
+RECALL_K = 8
+#: Model calls of one agent turn before it gives up (a model stuck calling tools).
+AGENT_MAX_STEPS = 8
+#: Seconds one call to the OpenAI-compatible endpoint may take.
+LLM_TIMEOUT = 60.0
+#: Attempts of one LLM request (timeouts, rate limits, malformed JSON) before `LLMError`.
+LLM_ATTEMPTS = 4
+#: First backoff between attempts, in seconds; doubled after each failure.
+LLM_BACKOFF = 1.0
+
+# --- consolidation ----------------------------------------------------------------
+#: Proposed facts below this confidence are not written.
+CONSOLIDATION_MIN_CONFIDENCE = 0.6
+#: A proposed fact at least this similar (cosine, first embedder) to a current fact of the user is a duplicate.
+CONSOLIDATION_DEDUP_SIMILARITY = 0.90
+#: A proposed playbook whose trigger is at least this similar to an existing playbook's is not new.
+CONSOLIDATION_TRIGGER_SIMILARITY = 0.80
+#: Episodes one consolidation run reads (oldest first); the rest wait for the next run.
+CONSOLIDATION_BATCH = 200
+#: `maybe_consolidate` runs once a user has this many episodes past the watermark.
+CONSOLIDATE_EVERY = 20
+#: Rule baseline: a statement with a change cue retires the most similar current fact at or above this cosine.
+CONSOLIDATION_RULE_SUPERSEDE_SIMILARITY = 0.5
+#: Rule baseline: feedback is about the playbook most similar to its session, at or above this cosine.
+CONSOLIDATION_RULE_PLAYBOOK_SIMILARITY = 0.4
+#: Evaluation: a proposed fact matches a labelled one at or above this cosine (and with a shared episode).
+CONSOLIDATION_MATCH_SIMILARITY = 0.7

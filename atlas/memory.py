@@ -23,7 +23,8 @@ from .errors import NotFound, ValidationError
 from .schemas import archive_name, index_name
 from .scoring import smoothed_success_rate
 from .store import Store
-from .validation import check_choice, check_id, check_text, check_type, check_user
+from .validation import (check_choice, check_flag, check_id, check_ids, check_label, check_steps, check_text,
+                         check_type, check_user, check_when)
 
 VECTOR_FIELDS = ("embedding", "rerank_embedding")
 
@@ -84,9 +85,9 @@ def write_episode(store: Store, user_id: str, text: str, session_id: str | None 
     """Store the user's turn verbatim before the model answers; visible to a recall in the same turn."""
     check_user(user_id)
     check_text(text)
-    doc = build_document(user_id, text, "episodic", store.now(), session_id=session_id)
+    doc = build_document(user_id, text, "episodic", store.now(), session_id=check_label(session_id, "session_id"))
     if ts is not None:
-        doc["timestamp"] = es_date(ts)
+        doc["timestamp"] = es_date(check_when(ts, "ts"))
     return _index(store, doc)
 
 
@@ -102,8 +103,14 @@ def write_memory(store: Store, user_id: str, text: str, memory_type: C.MemoryTyp
     check_choice(contradiction, C.CONTRADICTIONS, "contradiction")
     if fact_type is not None:
         check_choice(fact_type, C.FACT_TYPES, "fact_type")
-    if not isinstance(confidence, (int, float)) or not 0.0 <= confidence <= 1.0:
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.0 <= confidence <= 1.0:
         raise ValidationError(f"confidence must be between 0 and 1, not {confidence!r}")
+    check_label(session_id, "session_id")
+    check_label(name, "name")
+    if trigger is not None:
+        check_text(trigger, "trigger")
+    steps = check_steps(steps) if steps is not None else None
+    supporting_episode_ids = check_ids(supporting_episode_ids, "supporting_episode_ids")
     if memory_type == "procedural" and not steps:
         raise ValidationError("a procedural memory needs its ordered `steps`")
     fields = dict(fact_type=fact_type, confidence=float(confidence), session_id=session_id, name=name,
@@ -114,7 +121,7 @@ def write_memory(store: Store, user_id: str, text: str, memory_type: C.MemoryTyp
     if supersedes_id is not None:
         from .supersession import supersede  # supersession builds on this module
 
-        old_ids = [supersedes_id] if isinstance(supersedes_id, str) else list(supersedes_id)
+        old_ids = check_ids(supersedes_id, "supersedes_id")
         return supersede(store, user_id, old_ids, text, memory_type, contradiction=contradiction, **fields)
     return _index(store, build_document(user_id, text, memory_type, store.now(), **fields))
 
@@ -197,6 +204,8 @@ def record_use(store: Store, user_id: str, hits: Sequence[Owned]) -> None:
 def record_outcome(store: Store, user_id: str, playbook_id: str, success: bool, *,
                    refined_steps: Sequence[str] | None = None) -> dict:
     """A playbook worked ("thanks, that worked") or did not; keeps the smoothed success rate beside the counts."""
+    check_flag(success, "success")
+    refined_steps = check_steps(refined_steps, "refined_steps") if refined_steps is not None else None
     doc = owned(store, user_id, playbook_id, types=("procedural",))
     stamp = es_date(store.now())
 

@@ -25,7 +25,7 @@ from .rerank import zscore
 from .schemas import archive_name, searchable
 from .scoring import ScoringParams, build_scored_query
 from .store import Store
-from .validation import check_choice, check_k, check_text, check_types, check_user
+from .validation import check_choice, check_flag, check_k, check_text, check_types, check_user, check_when
 
 
 @dataclass
@@ -159,6 +159,13 @@ def _hit(raw: dict, ranks: dict[str, int], rrf: float) -> Hit:
                source=source, seq_no=raw.get("_seq_no", -1), primary_term=raw.get("_primary_term", -1))
 
 
+def drop_retired(hits: list[Hit]) -> list[Hit]:
+    """Leave out facts whose successor is among the hits: supersession indexes the new fact before it
+    marks the old one, and a refresh in between would otherwise show both as current."""
+    retired = {old for hit in hits for old in hit.source.get("supersedes") or ()}
+    return [hit for hit in hits if hit.id not in retired]
+
+
 # --- the second stage -------------------------------------------------------------------------
 
 
@@ -202,7 +209,11 @@ def recall(store: Store, user_id: str, query: str, k: int = 10, types: Sequence[
     check_k(k)
     check_choice(mode, C.RECALL_MODES, "mode")
     checked_types = check_types(types)
-    now = now or store.now()
+    for value, what in ((window, "window"), (pool, "pool"), (rank_constant, "rank_constant")):
+        check_k(value, 10_000, what)
+    check_flag(include_superseded, "include_superseded")
+    check_flag(touch, "touch")
+    now = check_when(now, "now") if now is not None else store.now()
     params = params or store.params
     timings = {"embed": 0.0, "es": 0.0, "fusion": 0.0, "second": 0.0}
     started = time.perf_counter()
@@ -220,13 +231,16 @@ def recall(store: Store, user_id: str, query: str, k: int = 10, types: Sequence[
     rankings: dict[str, list[str]] = {}
     for request, response in zip(requests, responses):
         if "error" in response:
-            raise AtlasError(f"{request['path']} search failed: {response['error'].get('reason', response['error'])}")
+            error = response["error"]
+            raise AtlasError(f"{request['path']} search failed: {(error.get('root_cause') or [error])[0].get('reason')}")
         rankings[request["path"]] = []
         for doc in response["hits"]["hits"]:
             key = f"{doc['_index']}/{doc['_id']}"
             raw.setdefault(key, doc)
             rankings[request["path"]].append(key)
     hits = [_hit(raw[key], ranks, score) for key, score, ranks in rrf_fuse(rankings, rank_constant)]
+    if not include_superseded:
+        hits = drop_retired(hits)
     timings["fusion"] = time.perf_counter() - started
     stage_name, note = None, None
     if mode == "hybrid+rerank" and hits:

@@ -25,7 +25,7 @@ DATE = {"type": "date"}
 
 
 def check_prefix(prefix: str) -> str:
-    if not PREFIX_PATTERN.match(prefix):
+    if not isinstance(prefix, str) or not PREFIX_PATTERN.fullmatch(prefix):
         raise ValidationError(f"index prefix {prefix!r} must match {PREFIX_PATTERN.pattern}")
     return prefix
 

@@ -9,11 +9,13 @@ Python: the tests prove that Elasticsearch applies exactly it.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from datetime import datetime
 
 from . import constants as C
 from .clock import es_date
+from .errors import ValidationError
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,8 @@ DECAY_FIELD = {"episodic": "timestamp", "semantic": "last_used_at"}
 
 def days(duration: str) -> float:
     """'180d' -> 180.0 (the only unit Atlas's constants use)."""
-    if not duration.endswith("d"):
-        raise ValueError(f"durations are given in days, like '180d': {duration!r}")
+    if not isinstance(duration, str) or not re.fullmatch(r"\d+(\.\d+)?d", duration):
+        raise ValidationError(f"durations are given in days, like '180d': {duration!r}")
     return float(duration[:-1])
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from datetime import datetime
 
 from . import constants as C
 from .errors import ValidationError
@@ -15,10 +16,12 @@ from .errors import ValidationError
 USER_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 #: Elasticsearch auto-generated ids are 20 URL-safe base64 characters; allow a little more.
 DOC_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: Session ids and playbook names are stored as keywords: short, printable, one line.
+MAX_LABEL_CHARS = 256
 
 
 def check_user(user_id: object) -> str:
-    if not isinstance(user_id, str) or not USER_ID_PATTERN.match(user_id):
+    if not isinstance(user_id, str) or not USER_ID_PATTERN.fullmatch(user_id):
         raise ValidationError(
             f"user id {user_id!r} is invalid: use 1-64 characters of a-z, 0-9, '_' or '-', starting with a letter or digit"
         )
@@ -34,6 +37,11 @@ def check_text(text: object, what: str = "text") -> str:
         raise ValidationError(f"{what} contains a NUL character")
     if len(text) > C.MAX_TEXT_CHARS:
         raise ValidationError(f"{what} has {len(text)} characters; the limit is {C.MAX_TEXT_CHARS}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValidationError(f"{what} is not valid Unicode (a lone surrogate at position {exc.start}): "
+                              "decode the input with errors='replace'") from None
     return text
 
 
@@ -49,20 +57,22 @@ def check_types(types: Iterable[str] | None) -> tuple[C.MemoryType, ...]:
         return C.MEMORY_TYPES
     if isinstance(types, str):
         types = [types]
+    if not isinstance(types, Iterable):
+        raise ValidationError(f"types must be a list of memory types, not {types!r}")
     checked = tuple(check_type(t) for t in types)
     if not checked:
         raise ValidationError("types is empty: leave it out to search every memory type")
     return checked
 
 
-def check_k(k: object, limit: int = C.MAX_K) -> int:
+def check_k(k: object, limit: int = C.MAX_K, what: str = "k") -> int:
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limit:
-        raise ValidationError(f"k must be an integer from 1 to {limit}, not {k!r}")
+        raise ValidationError(f"{what} must be an integer from 1 to {limit}, not {k!r}")
     return k
 
 
 def check_id(doc_id: object) -> str:
-    if not isinstance(doc_id, str) or not DOC_ID_PATTERN.match(doc_id):
+    if not isinstance(doc_id, str) or not DOC_ID_PATTERN.fullmatch(doc_id):
         raise ValidationError(f"{doc_id!r} is not a memory id (ids are 20 URL-safe characters, as returned by recall)")
     return doc_id
 
@@ -72,3 +82,41 @@ def check_choice(value: object, choices: Iterable[str], what: str) -> str:
     if value not in choices:
         raise ValidationError(f"{what} must be one of {', '.join(choices)}, not {value!r}")
     return value  # type: ignore[return-value]
+
+
+def check_ids(ids: object, what: str = "ids") -> list[str]:
+    """One id or a list of ids; a bare string is one id, never a list of characters."""
+    if isinstance(ids, str):
+        return [check_id(ids)]
+    if not isinstance(ids, (list, tuple)):
+        raise ValidationError(f"{what} must be a memory id or a list of them, not {type(ids).__name__}")
+    return [check_id(i) for i in ids]
+
+
+def check_label(value: object, what: str) -> str | None:
+    """An optional keyword such as a session id: None, or one printable line of at most MAX_LABEL_CHARS."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_LABEL_CHARS or not value.isprintable():
+        raise ValidationError(f"{what} must be one printable line of 1-{MAX_LABEL_CHARS} characters, "
+                              f"not {repr(value)[:80]}")
+    return value
+
+
+def check_steps(steps: object, what: str = "steps") -> list[str]:
+    """Ordered playbook steps: a list of texts (a bare string would become one step per character)."""
+    if not isinstance(steps, (list, tuple)):
+        raise ValidationError(f"{what} must be a list of texts, not {type(steps).__name__}")
+    return [check_text(step, f"each of {what}") for step in steps]
+
+
+def check_flag(value: object, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValidationError(f"{what} must be True or False, not {value!r}")
+    return value
+
+
+def check_when(value: object, what: str) -> datetime:
+    if not isinstance(value, datetime):
+        raise ValidationError(f"{what} must be a datetime, not {value!r}")
+    return value

@@ -1,0 +1,48 @@
+"""Every numbered notebook runs end to end with papermill, on its own index prefix (`-m notebooks`).
+
+The notebooks are found by `atlas.notebooks.discover`, so a new `notebooks/NN_*.ipynb` is tested
+without touching this file. nbval (`make test`) separately checks the committed outputs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from atlas.notebooks import KERNEL, discover, run_notebook, unique_prefix
+
+pytestmark = [pytest.mark.notebooks, pytest.mark.cluster]
+
+NOTEBOOKS = discover(Path(__file__).resolve().parents[1] / "notebooks")
+
+
+def test_notebooks_are_found():
+    assert NOTEBOOKS, "no notebooks/NN_*.ipynb found"
+    numbers = [p.name[:2] for p in NOTEBOOKS]
+    assert len(numbers) == len(set(numbers)), f"notebook numbers must be unique: {numbers}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_follows_conventions(path):
+    """Title first, a `parameters` cell with the conventional names, a cleanup cell last."""
+    nb = nbformat.read(path, as_version=4)
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
+    assert nb.metadata.get("kernelspec", {}).get("name") == KERNEL
+    params = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(params) == 1, "exactly one cell tagged `parameters`"
+    for name in ("INDEX_PREFIX", "NOW", "SEED", "K", "SCALE", "OUT_DIR", "LLM"):
+        assert f"{name} =" in params[0].source, f"parameter {name} missing"
+    last_code = [c for c in nb.cells if c.cell_type == "code"][-1]
+    assert ".drop()" in last_code.source or "drop_indices" in last_code.source, "the last code cell drops the prefix"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs(path, tmp_path, es):
+    prefix = unique_prefix(path)
+    result = run_notebook(path, tmp_path / "notebooks", outputs_dir=tmp_path, prefix=prefix)
+    assert result.ok, f"{path.name} failed: {result.error} (executed copy: {result.output})"
+    assert result.output.is_file()
+    leftovers = es.indices.get(index=f"{prefix}-*", allow_no_indices=True, expand_wildcards="all")
+    assert not leftovers, f"{path.name} left indices behind: {sorted(leftovers)}"

@@ -1,0 +1,380 @@
+"""Tenant isolation against the real cluster (issue 5): per-user DLS keys, the code filter, the leak sweep.
+
+Every test gets its own prefix (the `store` fixture) and its own secrets folder, so the
+real `.atlas/users.json` is never touched; every API key made for the prefix is
+invalidated at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+from elasticsearch import AuthorizationException
+from elasticsearch import NotFoundError as ESNotFound
+from typer.testing import CliRunner
+
+from atlas import tenancy
+from atlas.cli import app
+from atlas.cluster import credentials_path
+from atlas.config import load_settings, read_secret
+from atlas.errors import AuthError, NotFound, ValidationError
+from atlas.memory import (
+    build_document,
+    bulk_load,
+    forget_memory,
+    owned,
+    record_outcome,
+    write_episode,
+    write_memory,
+)
+from atlas.recall import recall
+from atlas.schemas import all_indices, index_name
+from atlas.store import Store
+from atlas.supersession import history
+from atlas.tenancy import (
+    UnrestrictedReadWarning,
+    authenticate_user_key,
+    build_role_descriptor,
+    create_user_key,
+    enable_tenancy,
+    inspect_credential,
+    leak_sweep,
+    list_user_keys,
+    revoke_user_key,
+    rotate_user_key,
+    user_client,
+    users_path,
+    warn_if_service_reads,
+)
+
+from .conftest import NOW
+
+CRAFTED_IDS = ['a" OR *', "*", "alice OR bob", 'alice"}},{"match_all":{}}]}}', "Alice", "", "a" * 65, "-x",
+               "alice\n", "al ice", None, 7]
+
+CATALOG = [
+    ("Lumio Hub v2", "Lumio Hub v2 smart home hub with Zigbee and Thread, for every room"),
+    ("Thermo T3", "Thermo T3 smart thermostat with a night setback temperature schedule"),
+    ("PetCam 2", "PetCam 2 camera to watch your dog, with a treat dispenser"),
+]
+
+
+def revoke_prefix_keys(es, prefix: str) -> None:
+    """Invalidate every API key whose metadata names `prefix` (keys made by the library, the CLI or a test)."""
+    query = {"bool": {"filter": [{"term": {"metadata.atlas_prefix": prefix}}, {"term": {"invalidated": False}}]}}
+    ids = [key["id"] for key in es.security.query_api_keys(query=query, size=1000)["api_keys"]]
+    if ids:
+        es.security.invalidate_api_key(ids=ids)
+
+
+@pytest.fixture
+def tstore(store: Store, tmp_path) -> Iterator[Store]:
+    """The isolated store with its secrets in tmp_path."""
+    store.settings = replace(store.settings, home=tmp_path)
+    yield store
+    revoke_prefix_keys(store.es, store.prefix)
+
+
+def load_catalog(store: Store) -> list[str]:
+    docs = [build_document(None, text, "catalog", NOW, title=title) for title, text in CATALOG]
+    return bulk_load(store, docs, progress=False)
+
+
+def owners(store: Store, user_id: str, query: str, **kwargs) -> set[str | None]:
+    return {hit.user_id for hit in recall(store, user_id, query, touch=False, **kwargs).hits}
+
+
+def service_doc(store: Store, index: str, doc_id: str) -> dict:
+    doc = store.es.get(index=index, id=doc_id)
+    return {"source": doc["_source"], "seq_no": doc["_seq_no"]}
+
+
+# --- the key and its role ------------------------------------------------------------------
+
+
+def test_role_descriptor_is_read_only_dls_on_the_prefix():
+    role = build_role_descriptor("acme", "alice")
+    assert list(role) == ["atlas-acme-alice-read"]
+    descriptor = role["atlas-acme-alice-read"]
+    assert descriptor["cluster"] == []
+    [grant] = descriptor["indices"]
+    assert grant["names"] == all_indices("acme") and "acme-archive" in grant["names"]
+    assert not any("*" in name for name in grant["names"])
+    assert grant["privileges"] == ["read"]
+    assert grant["query"] == {"bool": {"should": [
+        {"term": {"user_id": "alice"}},
+        {"bool": {"must_not": {"exists": {"field": "user_id"}}}},
+    ], "minimum_should_match": 1}}
+
+
+def test_crafted_user_ids_refused(tstore):
+    enable_tenancy(tstore)
+    for bad in CRAFTED_IDS:
+        for attempt in (tenancy.build_dls_query, lambda u: build_role_descriptor(tstore.prefix, u),
+                        lambda u: create_user_key(tstore, u), tstore.read_client):
+            with pytest.raises(ValidationError, match="invalid"):
+                attempt(bad)
+    assert not users_path(tstore.settings).exists()
+    query = {"term": {"metadata.atlas_prefix": tstore.prefix}}
+    assert tstore.es.security.query_api_keys(query=query)["api_keys"] == []
+
+
+def test_create_stores_key_with_metadata_and_role(tstore):
+    key = create_user_key(tstore, "alice", expiration="1d")
+    path = users_path(tstore.settings)
+    assert path.parent.parent == tstore.settings.home
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert read_secret(path)[tstore.prefix]["alice"]["encoded"] == key.encoded
+    assert key.encoded not in repr(key)
+    assert [(k.user_id, k.id, k.state()) for k in list_user_keys(tstore.settings)] == [("alice", key.id, "active")]
+    info = tstore.es.security.get_api_key(id=key.id)["api_keys"][0]
+    assert info["metadata"] == {"atlas_user_id": "alice", "atlas_prefix": tstore.prefix}
+    assert tenancy.canonical_roles(info["role_descriptors"]) == \
+        tenancy.canonical_roles(build_role_descriptor(tstore.prefix, "alice"))
+    assert 0 < info["expiration"] - info["creation"] <= 86_400_000
+    assert authenticate_user_key(tstore, key.encoded) == "alice"
+    report = inspect_credential(user_client(tstore.es, "alice", key.encoded), tstore.prefix)
+    assert report.restricted and report.user_id == "alice" and report.api_key_id == key.id
+    with pytest.raises(ValidationError, match="rotate"):
+        create_user_key(tstore, "alice")
+    with pytest.raises(ValidationError, match="expiration"):
+        create_user_key(tstore, "bob", expiration="30 days")
+
+
+def test_unknown_user_has_no_reader(tstore):
+    enable_tenancy(tstore)
+    with pytest.raises(NotFound, match="atlas users create carol"):
+        recall(tstore, "carol", "anything at all")
+
+
+# --- two users ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pair(tstore) -> dict[str, str]:
+    """alice and bob, each with a dog, a playbook and an episode; the catalog; keys for both."""
+    load_catalog(tstore)
+    ids = {
+        "alice_dog": write_memory(tstore, "alice", "My dog is called Biscuit", fact_type="person"),
+        "bob_dog": write_memory(tstore, "bob", "My dog is called Pepper", fact_type="person"),
+        "bob_playbook": write_memory(tstore, "bob", "Fix the dog camera when it drops offline", "procedural",
+                                     name="camera fix", steps=["unplug the PetCam", "wait ten seconds", "plug in"]),
+        "bob_episode": write_episode(tstore, "bob", "The dog camera dropped offline again tonight", "s1"),
+    }
+    for user in ("alice", "bob"):
+        create_user_key(tstore, user)
+    return ids
+
+
+@pytest.mark.parametrize("code_filter", [True, False], ids=["dls+filter", "dls-only"])
+def test_each_user_sees_own_and_catalog(tstore, pair, code_filter):
+    enable_tenancy(tstore)
+    tstore.code_filter = code_filter
+    for user in ("alice", "bob"):
+        seen = owners(tstore, user, "what is my dog called, and the dog camera")
+        assert seen == {user, None}, seen
+    result = recall(tstore, "alice", "my dog", touch=False, include_superseded=True)
+    assert pair["alice_dog"] in result.ids() and pair["bob_dog"] not in result.ids()
+    # The raw key, no filter at all in the query: DLS alone decides.
+    alice = tstore.read_client("alice")
+    everything = alice.search(index=",".join(all_indices(tstore.prefix)), query={"match_all": {}}, size=100)
+    assert {h["_source"].get("user_id") for h in everything["hits"]["hits"]} == {"alice", None}
+    assert everything["hits"]["total"]["value"] == 1 + len(CATALOG)
+
+
+def test_service_credential_with_code_filter_does_not_leak_but_warns(tstore, pair):
+    assert tstore.reader is None and tstore.code_filter
+    for user in ("alice", "bob"):
+        assert owners(tstore, user, "what is my dog called") <= {user, None}
+    with pytest.warns(UnrestrictedReadWarning, match="code filter as the only guard"):
+        report = warn_if_service_reads(tstore)
+    assert not report.restricted and report.reasons
+
+
+def test_service_credential_without_code_filter_leaks(tstore, pair):
+    """The negative control: without either guard, alice sees bob's dog. The checks above can fail."""
+    tstore.code_filter = False
+    assert "bob" in owners(tstore, "alice", "what is my dog called")
+    with pytest.warns(UnrestrictedReadWarning, match="code filter OFF"):
+        warn_if_service_reads(tstore)
+
+
+def test_other_users_documents_cannot_be_read_or_changed(tstore, pair):
+    enable_tenancy(tstore)
+    semantic, procedural = index_name(tstore.prefix, "semantic"), index_name(tstore.prefix, "procedural")
+    before = {i: service_doc(tstore, semantic, pair[i]) for i in ("alice_dog", "bob_dog")}
+    before["bob_playbook"] = service_doc(tstore, procedural, pair["bob_playbook"])
+    attempts = {
+        "read": lambda: owned(tstore, "alice", pair["bob_dog"]),
+        "history": lambda: history(tstore, "alice", pair["bob_dog"]),
+        "supersede": lambda: write_memory(tstore, "alice", "My dog is called Rex", supersedes_id=pair["bob_dog"]),
+        "cite episode": lambda: write_memory(tstore, "alice", "The camera is flaky",
+                                             supporting_episode_ids=[pair["bob_episode"]]),
+        "update": lambda: record_outcome(tstore, "alice", pair["bob_playbook"], True),
+        "forget": lambda: forget_memory(tstore, "alice", pair["bob_dog"]),
+    }
+    for what, attempt in attempts.items():
+        with pytest.raises(NotFound):
+            attempt()
+    assert service_doc(tstore, semantic, pair["bob_dog"]) == before["bob_dog"]
+    assert service_doc(tstore, procedural, pair["bob_playbook"]) == before["bob_playbook"]
+    assert tstore.es.count(index=",".join(all_indices(tstore.prefix)),
+                           query={"term": {"user_id": "alice"}})["count"] == 1
+    # DLS alone: alice's key neither finds nor gets bob's document, and writes nothing.
+    alice = tstore.read_client("alice")
+    assert alice.search(index=semantic, query={"ids": {"values": [pair["bob_dog"]]}})["hits"]["hits"] == []
+    with pytest.raises(ESNotFound):
+        alice.get(index=semantic, id=pair["bob_dog"])
+    for write in (lambda: alice.index(index=semantic, document={"text": "x", "user_id": "alice"}),
+                  lambda: alice.update(index=semantic, id=pair["alice_dog"], doc={"text": "y"}),
+                  lambda: alice.delete(index=semantic, id=pair["alice_dog"])):
+        with pytest.raises(AuthorizationException):
+            write()
+    assert service_doc(tstore, semantic, pair["alice_dog"]) == before["alice_dog"]
+    # The positive control: bob may do all of it to his own documents through the same paths.
+    assert owned(tstore, "bob", pair["bob_dog"]).id == pair["bob_dog"]
+    record_outcome(tstore, "bob", pair["bob_playbook"], True)
+    assert tstore.es.get(index=procedural, id=pair["bob_playbook"])["_source"]["success_count"] == 1
+    new = write_memory(tstore, "bob", "My dog is called Pepper the Second", supersedes_id=pair["bob_dog"])
+    assert [d["id"] for d in history(tstore, "bob", new)] == [pair["bob_dog"], new]
+
+
+# --- revocation, rotation, identity ----------------------------------------------------------
+
+
+def test_revoked_rotated_and_expired_keys(tstore, pair):
+    enable_tenancy(tstore)
+    assert owners(tstore, "alice", "my dog") == {"alice", None}
+    old = revoke_user_key(tstore, "alice")
+    assert tstore.es.security.get_api_key(id=old.id)["api_keys"][0]["invalidated"]
+    with pytest.raises(AuthError, match=r"key for user alice was revoked or expired: run `atlas users rotate alice`"):
+        recall(tstore, "alice", "my dog")
+    with pytest.raises(AuthError, match="revoked"):
+        authenticate_user_key(tstore, old.encoded)
+    new = rotate_user_key(tstore, "alice")
+    assert new.id != old.id and owners(tstore, "alice", "my dog") == {"alice", None}
+    assert authenticate_user_key(tstore, new.encoded) == "alice"
+    # Revoked behind Atlas's back (Kibana, another process): the cached client says the same.
+    tstore.es.security.invalidate_api_key(ids=[new.id])
+    with pytest.raises(AuthError, match="run `atlas users rotate alice`"):
+        recall(tstore, "alice", "my dog")
+    # Rotating bob's key invalidates the old one at once.
+    bob_old = tenancy.stored_key(tstore.settings, tstore.prefix, "bob")
+    rotate_user_key(tstore, "bob", expiration="1s")
+    with pytest.raises(AuthError):
+        authenticate_user_key(tstore, bob_old.encoded)
+    time.sleep(1.5)
+    with pytest.raises(AuthError, match="bob was revoked or expired"):
+        recall(tstore, "bob", "my dog")
+    with pytest.raises(AuthError):
+        authenticate_user_key(tstore, tenancy.stored_key(tstore.settings, tstore.prefix, "bob").encoded)
+
+
+def test_keys_that_are_not_atlas_user_keys_are_refused(tstore, pair):
+    """An admin key planted in the secrets file warns and is refused; forged metadata on a wide key is not believed."""
+    wide = tstore.es.security.create_api_key(name=f"atlas-{tstore.prefix}-mallory",
+                                             metadata={"atlas_user_id": "mallory", "atlas_prefix": tstore.prefix})
+    with pytest.raises(AuthError, match="read-only DLS role"):
+        authenticate_user_key(tstore, wide["encoded"])
+    admin = tstore.es.security.create_api_key(name="atlas-test-admin", metadata={"atlas_prefix": tstore.prefix})
+    report = inspect_credential(user_client(tstore.es, "x", admin["encoded"]), tstore.prefix)
+    assert not report.restricted and "no role descriptors" in report.reasons[0]
+    with pytest.raises(AuthError, match="not an Atlas user key"):
+        authenticate_user_key(tstore, admin["encoded"])
+    planted = replace(tenancy.stored_key(tstore.settings, tstore.prefix, "alice"), user_id="mallory",
+                      id=admin["id"], encoded=admin["encoded"])
+    tenancy._save(tstore.settings, planted)
+    enable_tenancy(tstore)
+    with pytest.warns(UnrestrictedReadWarning, match="mallory"), pytest.raises(AuthError, match="belongs to None"):
+        recall(tstore, "mallory", "my dog")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnrestrictedReadWarning)
+        assert owners(tstore, "alice", "my dog") == {"alice", None}
+    with pytest.raises(AuthError, match="unknown, revoked or expired"):
+        authenticate_user_key(tstore, "bm90OmFrZXk=")
+
+
+def test_inspect_service_credential(tstore):
+    report = inspect_credential(tstore.es, tstore.prefix)
+    assert not report.restricted and report.api_key_id is None
+    assert any("superuser" in reason for reason in report.reasons)
+
+
+# --- the leak sweep -------------------------------------------------------------------------
+
+PETS = ["Biscuit", "Pepper", "Luna", "Miso", "Juniper", "Tango", "Waffles", "Nimbus", "Pickle", "Ziggy", "Clover", "Rex"]
+CITIES = ["Bristol", "Leeds", "Porto", "Utrecht", "Ghent", "Lyon", "Bergen", "Tartu", "Cork", "Graz", "Bilbao", "Turku"]
+ROOMS = ["hallway", "attic", "nursery", "study", "garage", "porch", "cellar", "loft", "kitchen", "den", "pantry", "bay"]
+
+
+def synthetic_tenants(store: Store, count: int) -> dict[str, list[str]]:
+    """`count` tenants with the same kinds of facts but different values; the same questions for all."""
+    questions = ["What is my dog called?", "Which city do I live in?", "What is the thermostat set to at night?"]
+    tenants: dict[str, list[str]] = {}
+    for i in range(count):
+        user = f"tenant-{i:02d}"
+        write_memory(store, user, f"My dog is called {PETS[i]}", fact_type="person")
+        write_memory(store, user, f"I live in {CITIES[i]}, close to the river", fact_type="location")
+        write_memory(store, user, f"The thermostat in the {ROOMS[i]} is set to {15 + i} degrees at night",
+                     fact_type="home")
+        write_episode(store, user, f"The Lumio hub in the {ROOMS[i]} went offline after the storm", f"s{i}")
+        create_user_key(store, user)
+        tenants[user] = questions
+    return tenants
+
+
+def test_leak_sweep_over_twelve_tenants(tstore):
+    load_catalog(tstore)
+    tenants = synthetic_tenants(tstore, 12)
+    report = leak_sweep(tstore, tenants, k=10, configurations=[*tenancy.DEFAULT_GUARDS, "unguarded"], progress=False)
+    print(report.table())
+    for name in tenancy.DEFAULT_GUARDS:
+        result = report.results[name]
+        assert result.queries == 12 * (3 + 3)
+        assert result.leaks == [], report.table()
+        assert result.own >= result.queries and result.catalog > 0
+    unguarded = report.results["unguarded"]
+    assert len(unguarded.leaks) > unguarded.queries, "without any guard every query should surface other tenants"
+    assert tstore.reader is None and tstore.code_filter, "the sweep restores the store"
+
+
+def test_leak_sweep_needs_two_tenants_and_known_configurations(tstore):
+    with pytest.raises(ValidationError, match="two tenants"):
+        leak_sweep(tstore, {"alice": ["q"]})
+    with pytest.raises(ValidationError, match="configuration"):
+        leak_sweep(tstore, {"alice": ["q"], "bob": ["q"]}, configurations=["nope"])
+
+
+# --- command line ---------------------------------------------------------------------------
+
+
+def test_cli_users_lifecycle(tstore, monkeypatch):
+    real = load_settings()
+    if real.local:  # the CLI's home is tmp_path: reach the local node as an external cluster
+        creds = read_secret(credentials_path(real))
+        for name, value in (("ES_URL", creds["url"]), ("ES_USERNAME", creds["username"]),
+                            ("ES_PASSWORD", creds["password"])):
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("ATLAS_HOME", str(tstore.settings.home))
+    runner = CliRunner()
+    created = runner.invoke(app, ["users", "create", "alice", "--expiration", "30d", "--prefix", tstore.prefix])
+    assert created.exit_code == 0, created.output
+    key = tenancy.stored_key(tstore.settings, tstore.prefix, "alice")
+    assert key.id in created.output and key.encoded not in created.output
+    listed = runner.invoke(app, ["users", "list"])
+    assert "alice" in listed.output and "active" in listed.output and key.encoded not in listed.output
+    rotated = runner.invoke(app, ["users", "rotate", "alice", "--prefix", tstore.prefix, "--show-secret"])
+    new = tenancy.stored_key(tstore.settings, tstore.prefix, "alice")
+    assert rotated.exit_code == 0 and new.id in rotated.output and new.encoded in rotated.output
+    revoked = runner.invoke(app, ["users", "revoke", "alice", "--prefix", tstore.prefix])
+    assert revoked.exit_code == 0 and new.id in revoked.output
+    assert "revoked" in runner.invoke(app, ["users", "list", "--prefix", tstore.prefix]).output
+    failed = runner.invoke(app, ["users", "create", "a OR b", "--prefix", tstore.prefix])
+    assert failed.exit_code == 1 and "invalid" in failed.output
+    assert json.loads(users_path(tstore.settings).read_text())[tstore.prefix]["alice"]["revoked_at"]
