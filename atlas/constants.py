@@ -27,6 +27,7 @@ DEFAULT_RECALL_MODE: RecallMode = "hybrid+rerank"
 # --- index names ------------------------------------------------------------
 DEFAULT_INDEX_PREFIX = "atlas"
 ARCHIVE_SUFFIX = "archive"
+STATE_SUFFIX = "state"
 
 # --- hybrid recall ------------------------------------------------------------
 #: Reciprocal rank fusion: score = sum over paths of 1 / (RRF_RANK_CONSTANT + rank).

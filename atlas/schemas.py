@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from elasticsearch import Elasticsearch
 
-from .constants import ARCHIVE_SUFFIX, MEMORY_TYPES, MemoryType
+from .constants import ARCHIVE_SUFFIX, MEMORY_TYPES, STATE_SUFFIX, MemoryType
 from .errors import SchemaMismatch, ValidationError
 
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
@@ -36,6 +36,11 @@ def index_name(prefix: str, memory_type: MemoryType) -> str:
 
 def archive_name(prefix: str) -> str:
     return f"{check_prefix(prefix)}-{ARCHIVE_SUFFIX}"
+
+
+def state_name(prefix: str) -> str:
+    """Consolidation watermarks and plans (service credential only; no memory in it)."""
+    return f"{check_prefix(prefix)}-{STATE_SUFFIX}"
 
 
 def all_indices(prefix: str, *, archive: bool = True) -> list[str]:
@@ -186,8 +191,8 @@ def ensure_indices(es: Elasticsearch, prefix: str, dims: int, rerank_dims: int |
 
 
 def drop_indices(es: Elasticsearch, prefix: str) -> None:
-    """Drop every index and template of a prefix. Idempotent."""
-    for index in all_indices(prefix):
+    """Drop every index (memory, archive, state) and template of a prefix. Idempotent."""
+    for index in [*all_indices(prefix), state_name(prefix)]:
         es.indices.delete(index=index, ignore_unavailable=True)
     if es.indices.exists_index_template(name=f"{prefix}-memory"):
         es.indices.delete_index_template(name=f"{prefix}-memory")

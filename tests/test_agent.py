@@ -1,0 +1,109 @@
+"""The agent loop against a scripted OpenAI-compatible stub; Elasticsearch stays real (issue 7)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from atlas.agent import PRE_RECALL_CALL_ID, SYSTEM_PROMPT, Agent
+from atlas.constants import CONTRADICTIONS, MEMORY_TYPES
+from atlas.errors import LLMError
+from atlas.memory import write_memory
+
+from .llm_stub import scripted_llm, text, tool_calls
+
+
+def offline(store):
+    return replace(store.settings, llm_base_url=None, llm_api_key=None, llm_model=None)
+
+
+def online(store, stub):
+    return replace(store.settings, llm_base_url=stub.base_url, llm_api_key="test", llm_model="stub-model")
+
+
+def episodes(store, user="sarah"):
+    store.es.indices.refresh(index=f"{store.prefix}-episodic")
+    hits = store.es.search(index=f"{store.prefix}-episodic", query={"term": {"user_id": user}})["hits"]["hits"]
+    return [h["_source"]["text"] for h in hits]
+
+
+def test_prompt_carries_the_vocabularies():
+    for name in (*MEMORY_TYPES, *CONTRADICTIONS):
+        assert name in SYSTEM_PROMPT
+    assert "supersedes_id" in SYSTEM_PROMPT and "explicitly asks" in SYSTEM_PROMPT
+
+
+def test_without_a_model_the_turn_still_stores_and_recalls(store):
+    write_memory(store, "sarah", "Sarah's hub is called Beacon", "semantic")
+    agent = Agent(store, "sarah", settings=offline(store))
+    result = agent.turn("What did I call my hub again?")
+    assert not result.answered and "no language model is configured" in result.reply
+    assert episodes(store) == ["What did I call my hub again?"]
+    assert any("Beacon" in h.text for h in result.pre_recall.hits)
+    assert result.messages[-2]["tool_calls"][0]["function"]["name"] == "recall_memory"
+    assert "Beacon" in result.messages[-1]["content"]
+
+
+def test_scripted_supersession_through_the_loop(store):
+    old = write_memory(store, "sarah", "Sarah lives in Bristol", "semantic", fact_type="location")
+    message = "We moved to Edinburgh last month for James's job"
+    script = [tool_calls(("write_memory", {"text": "Sarah lives in Edinburgh", "memory_type": "semantic",
+                                           "supersedes_id": [old], "contradiction": "natural",
+                                           "fact_type": "location"})),
+              text("Noted, Edinburgh it is!")]
+    with scripted_llm(script) as stub:
+        result = Agent(store, "sarah", settings=online(store, stub)).turn(message)
+    assert result.answered and result.reply == "Noted, Edinburgh it is!"
+    assert episodes(store) == [message]
+    first = stub.requests[0]
+    assert {t["function"]["name"] for t in first["tools"]} == {"recall_memory", "write_memory", "forget_memory"}
+    call, answer = first["messages"][-2], first["messages"][-1]
+    assert call["role"] == "assistant" and call["tool_calls"][0]["id"] == PRE_RECALL_CALL_ID
+    assert json.loads(call["tool_calls"][0]["function"]["arguments"])["query"] == message
+    assert answer["role"] == "tool" and answer["tool_call_id"] == PRE_RECALL_CALL_ID
+    assert old in answer["content"] and "Sarah lives in Bristol" in answer["content"]
+    [write] = result.tool_calls
+    assert not write.result.is_error
+    new = write.result.payload["id"]
+    source = store.es.get(index=f"{store.prefix}-semantic", id=old)["_source"]
+    assert source["superseded_by"] == new
+    assert json.loads(stub.requests[1]["messages"][-1]["content"])["superseded"] == [old]
+    store.es.indices.refresh(index=f"{store.prefix}-*")
+    assert store.es.count(index=f"{store.prefix}-*", query={"match_phrase": {"text": "Edinburgh it is"}})["count"] == 0
+
+
+def test_bad_tool_arguments_go_back_to_the_model(store):
+    script = [tool_calls(("recall_memory", "{not json"), ("forget_memory", {"id": "../../etc"})),
+              text("Sorry, let me try again later.")]
+    with scripted_llm(script) as stub:
+        result = Agent(store, "sarah", settings=online(store, stub)).turn("forget my old address")
+    assert [c.result.is_error for c in result.tool_calls] == [True, True]
+    replies = [m["content"] for m in stub.requests[1]["messages"] if m["role"] == "tool"][1:]
+    assert replies[0].startswith("ValidationError: the arguments are not valid JSON")
+    assert replies[1].startswith("ValidationError:") and "Traceback" not in "".join(replies)
+
+
+def test_endpoint_failures_become_llm_error_after_backoff(store):
+    waits = []
+    with scripted_llm([(500, {"error": {"message": "boom"}})] * 4) as stub:
+        agent = Agent(store, "sarah", settings=online(store, stub), sleep=waits.append)
+        with pytest.raises(LLMError, match="failed 4 times"):
+            agent.turn("hello there")
+    assert waits == [1.0, 2.0, 4.0]
+    assert episodes(store) == ["hello there"]
+
+
+def test_refusal_is_not_retried(store):
+    with scripted_llm([(401, {"error": {"message": "bad key"}})]) as stub:
+        with pytest.raises(LLMError, match="401"):
+            Agent(store, "sarah", settings=online(store, stub), sleep=lambda s: None).turn("hi")
+    assert len(stub.requests) == 1
+
+
+def test_a_model_stuck_calling_tools_is_stopped(store):
+    with scripted_llm([tool_calls(("recall_memory", {"query": "hub"}))] * 3) as stub:
+        agent = Agent(store, "sarah", settings=online(store, stub), max_steps=3)
+        with pytest.raises(LLMError, match="still calling tools after 3 steps"):
+            agent.turn("tell me about my hub")

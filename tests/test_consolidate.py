@@ -1,0 +1,353 @@
+"""Consolidation against the real cluster: guards, plans, watermark, resume, rollback, both proposers (issue 7)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from atlas import consolidate as cons
+from atlas.consolidate import (consolidate, consolidate_all, count_new_episodes, maybe_consolidate,
+                               read_plan, read_watermark)
+from atlas.consolidation_eval import evaluate, load_consolidation_set, read_expected_metrics
+from atlas.constants import CONSOLIDATION_MIN_CONFIDENCE
+from atlas.errors import ConflictError, LLMError
+from atlas.memory import build_document, bulk_load, write_episode, write_memory
+from atlas.proposers import RuleProposer, LLMProposer, fact_type_of, is_statement, third_person
+
+from .conftest import NOW
+from .llm_stub import completion, scripted_llm
+
+
+@pytest.fixture
+def cstore(store):
+    """The isolated store (its drop removes the consolidation state index too)."""
+    return store
+
+
+class Scripted:
+    """A proposer that proposes what the test says (the guards must hold whoever proposes)."""
+
+    name = "scripted"
+
+    def __init__(self, make):
+        self.make = make
+
+    def propose(self, batch):
+        return self.make(batch)
+
+
+def semantic_texts(store, user):
+    store.es.indices.refresh(index=f"{store.prefix}-semantic")
+    hits = store.es.search(index=f"{store.prefix}-semantic", size=100, query={"term": {"user_id": user}})["hits"]["hits"]
+    return sorted(h["_source"]["text"] for h in hits)
+
+
+# --- the rule baseline, unit by unit -------------------------------------------------------
+
+
+@pytest.mark.parametrize("sentence, expected", [
+    ("I prefer the hallway lights at 30% after 9pm", "Sarah prefers the hallway lights at 30% after 9pm"),
+    ("I've moved my hub to the hallway", "Sarah has moved Sarah's hub to the hallway"),
+    ("I really don't want cloud services", "Sarah really doesn't want cloud services"),
+    ("I'm fully remote now", "Sarah is fully remote now"),
+    ("We switched supplier", "Sarah's household switched supplier"),
+    ("I took it off the shelf", "Sarah took it off the shelf"),
+])
+def test_third_person(sentence, expected):
+    assert third_person(sentence, "Sarah") == expected
+
+
+@pytest.mark.parametrize("sentence, statement", [
+    ("My partner James works nights at the hospital.", True),
+    ("Can you make the blinds stay closed until 2pm?", False),
+    ("how do I turn off the blue light on the hub", False),
+    ("You told me the D3 needs a 16V transformer.", False),
+    ("Thanks, that worked!", False),
+    ("The camera keeps sending alerts.", False),
+])
+def test_statement_filter(sentence, statement):
+    assert is_statement(sentence) is statement
+
+
+def test_fact_types():
+    assert fact_type_of("my daughter Isla") == "person"
+    assert fact_type_of("I prefer warm light") == "preference"
+    assert fact_type_of("the hub runs firmware 4.3.0") == "device"
+
+
+# --- the measured numbers -------------------------------------------------------------------
+
+
+def test_rule_proposer_meets_its_recorded_scores(cstore):
+    """`atlas consolidate --evaluate` on data/consolidation: the numbers in metrics.json, within tolerance."""
+    expected = read_expected_metrics()
+    measured = evaluate(cstore, RuleProposer()).metrics()
+    for part, scores in expected["rule"].items():
+        for name in ("precision", "recall"):
+            assert measured[part][name] == pytest.approx(scores[name], abs=expected["tolerance"]), (part, name)
+
+
+# --- applying, the watermark and reruns -------------------------------------------------------------
+
+
+def test_apply_then_rerun_proposes_nothing_twice(cstore):
+    ids = load_consolidation_set(cstore)
+    report = consolidate(cstore, "sarah")
+    assert report.status == "applied" and report.episodes == 15
+    assert [d.reason for d in report.rejected] == [
+        f"confidence 0.50 is below the floor {CONSOLIDATION_MIN_CONFIDENCE:.2f}"]
+    springer = next(d for d in report.accepted if "springer" in d.proposal.get("text", ""))
+    old = cstore.es.get(index=f"{cstore.prefix}-semantic", id=ids["cs-sarah-fact-005"])["_source"]
+    new = cstore.es.get(index=f"{cstore.prefix}-semantic", id=springer.id)["_source"]
+    assert old["superseded_by"] == springer.id and new["contradiction"] == "harsh" and new["confidence"] < 0.8
+    assert new["supporting_episode_ids"] == [ids["cs-sarah-ep-011"]]
+    playbook = cstore.es.get(index=f"{cstore.prefix}-procedural", id=ids["cs-sarah-pb-002"])["_source"]
+    assert playbook["failure_count"] == 1 and "Background App Refresh" in playbook["refined_steps"][0]
+    assert read_watermark(cstore, "sarah").timestamp.startswith("2026-11-20T18:09")
+    assert read_plan(cstore, "sarah")["status"] == "done"
+    before = semantic_texts(cstore, "sarah")
+
+    assert consolidate(cstore, "sarah").status == "nothing new"
+    assert semantic_texts(cstore, "sarah") == before
+
+    cstore.now = lambda: NOW.replace(month=12)
+    write_episode(cstore, "sarah", "I bought a Lumio Smart Plug P2 for the kettle.", "s9")
+    again = consolidate(cstore, "sarah")
+    assert again.episodes == 1 and [d.proposal["text"] for d in again.accepted] == [
+        "Sarah bought a Lumio Smart Plug P2 for the kettle."]
+    assert read_plan(cstore, "sarah")["number"] == 2
+
+
+def test_guards_hold_whoever_proposes(cstore):
+    episode = write_episode(cstore, "sarah", "My hub is called Beacon and it sits in the hallway cupboard.", "s1")
+    toms_episode = write_episode(cstore, "tom", "My hub is called Kestrel.", "t1")
+    toms_fact = write_memory(cstore, "tom", "Tom's hub is called Kestrel", "semantic")
+    existing = write_memory(cstore, "sarah", "Sarah's hub is called Beacon", "semantic")
+    playbook = write_memory(cstore, "sarah", "Reset the hub. Use when: the hub is unreachable.", "procedural",
+                            name="Reset the hub", trigger="the hub is unreachable", steps=["Unplug it", "Plug it in"])
+
+    def proposals(batch):
+        fact = {"kind": "fact", "fact_type": "device", "confidence": 0.9, "supporting_episode_ids": [episode]}
+        return [
+            {"kind": "fact", "text": "missing the rest"},
+            {**fact, "text": "Sarah's hub sits in the hallway cupboard", "supporting_episode_ids": [toms_episode]},
+            {**fact, "text": "Sarah's hub sits in the hallway cupboard", "supporting_episode_ids": ["AAAAAAAAAAAAAAAAAAAA"]},
+            {**fact, "text": "The moon is made of green cheese"},
+            {**fact, "text": "Sarah's hub sits in the hallway cupboard", "confidence": 0.3},
+            {**fact, "text": "Sarah's hub is called Beacon."},
+            {**fact, "text": "Sarah's hub is in the hallway cupboard", "supersedes_id": [toms_fact],
+             "contradiction": "natural"},
+            {**fact, "text": "Sarah's hub sits in the hallway cupboard"},
+            {**fact, "text": "Sarah's hub sits in the hallway cupboard."},
+            {"kind": "outcome", "playbook_id": toms_fact, "success": True, "supporting_episode_ids": [episode]},
+            {"kind": "outcome", "playbook_id": playbook, "success": True, "supporting_episode_ids": [episode]},
+            {"kind": "playbook", "name": "Reset", "trigger": "the hub is unreachable", "steps": ["a", "b"],
+             "supporting_episode_ids": [episode]},
+        ]
+
+    report = consolidate(cstore, "sarah", Scripted(proposals))
+    reasons = [d.reason for d in report.decisions]
+    assert reasons[0].startswith("schema:")
+    assert reasons[1] == f"supporting episode {toms_episode} is not an episode of sarah"
+    assert reasons[2] == "supporting episode AAAAAAAAAAAAAAAAAAAA is not an episode of sarah"
+    assert reasons[3] == "shares no word with its supporting episodes: not the user's own words"
+    assert reasons[4].startswith("confidence 0.30 is below the floor")
+    assert reasons[5].startswith("duplicate") and "Beacon" in reasons[5]
+    assert reasons[6] == f"supersedes {toms_fact}, which is not a current fact of sarah"
+    assert reasons[7] is None and reasons[8].startswith("duplicate")
+    assert reasons[9] == f"{toms_fact} is not a playbook of sarah"
+    assert reasons[10] is None and reasons[11].startswith("an existing playbook already covers")
+    assert semantic_texts(cstore, "sarah") == ["Sarah's hub is called Beacon", "Sarah's hub sits in the hallway cupboard"]
+    assert semantic_texts(cstore, "tom") == ["Tom's hub is called Kestrel"]
+    assert cstore.es.get(index=f"{cstore.prefix}-procedural", id=playbook)["_source"]["success_count"] == 1
+    assert existing in [h["_id"] for h in cstore.es.search(index=f"{cstore.prefix}-semantic")["hits"]["hits"]]
+
+    old_only = consolidate(cstore, "sarah", Scripted(lambda b: [
+        {"kind": "fact", "text": "Sarah's hub sits in the hallway cupboard", "fact_type": "device",
+         "confidence": 0.9, "supporting_episode_ids": [episode]}]))
+    assert old_only.status == "nothing new"
+
+
+def test_a_crashed_run_is_finished_by_the_next_one(cstore, monkeypatch):
+    said = ["I have a Lumio bulb in the lounge.", "My daughter Isla loves the night light.",
+            "We bought a Keyline lock for the back door."]
+    facts = ["Sarah has a Lumio bulb in the lounge", "Sarah's daughter Isla loves the night light",
+             "Sarah's household bought a Keyline lock for the back door"]
+    episodes = [write_episode(cstore, "sarah", text, "s1") for text in said]
+    proposer = Scripted(lambda batch: [
+        {"kind": "fact", "text": facts[i], "fact_type": "device", "confidence": 0.9,
+         "supporting_episode_ids": [episodes[i]]} for i in range(3)])
+    real_apply = cons._apply_step
+
+    def crash_on_third(store, user_id, plan, step):
+        if step == 2:
+            raise RuntimeError("power cut")
+        real_apply(store, user_id, plan, step)
+
+    monkeypatch.setattr(cons, "_apply_step", crash_on_third)
+    with pytest.raises(RuntimeError):
+        consolidate(cstore, "sarah", proposer)
+    assert read_plan(cstore, "sarah")["status"] == "pending" and read_watermark(cstore, "sarah").timestamp is None
+    with pytest.raises(ConflictError, match="finish it first"):
+        cons.new_plan(cstore, "sarah", "scripted", [], read_watermark(cstore, "sarah"), read_watermark(cstore, "sarah"))
+    monkeypatch.setattr(cons, "_apply_step", real_apply)
+    resumed = consolidate(cstore, "sarah", proposer)
+    assert resumed.status == "resumed" and len(resumed.decisions) == 3
+    assert semantic_texts(cstore, "sarah") == sorted(facts)
+    assert read_plan(cstore, "sarah")["status"] == "done" and count_new_episodes(cstore, "sarah") == 0
+
+
+def test_an_outcome_applied_just_before_a_crash_is_not_counted_twice(cstore, monkeypatch):
+    episode = write_episode(cstore, "sarah", "Thanks, the reset worked.", "s1")
+    playbook = write_memory(cstore, "sarah", "Reset the hub. Use when: the hub is unreachable.", "procedural",
+                            name="Reset the hub", trigger="the hub is unreachable", steps=["Unplug it", "Plug it in"])
+    proposer = Scripted(lambda batch: [
+        {"kind": "outcome", "playbook_id": playbook, "success": True, "supporting_episode_ids": [episode]}])
+    real_record = cons.record_outcome
+
+    def record_then_crash(*args, **kwargs):
+        real_record(*args, **kwargs)
+        raise RuntimeError("power cut before the journal was saved")
+
+    monkeypatch.setattr(cons, "record_outcome", record_then_crash)
+    with pytest.raises(RuntimeError):
+        consolidate(cstore, "sarah", proposer)
+    monkeypatch.setattr(cons, "record_outcome", real_record)
+    assert consolidate(cstore, "sarah", proposer).status == "resumed"
+    assert cstore.es.get(index=f"{cstore.prefix}-procedural", id=playbook)["_source"]["success_count"] == 1
+
+
+def test_a_run_that_lost_a_race_writes_nothing(cstore):
+    episode = write_episode(cstore, "sarah", "I have a Lumio bulb in the lounge.", "s1")
+    fact = {"kind": "fact", "text": "Sarah has a Lumio bulb in the lounge", "fact_type": "device",
+            "confidence": 0.9, "supporting_episode_ids": [episode]}
+
+    def meanwhile_another_run(batch):
+        consolidate(cstore, "sarah", Scripted(lambda b: [fact]))
+        return [fact]
+
+    with pytest.raises(ConflictError, match="while this one was proposing"):
+        consolidate(cstore, "sarah", Scripted(meanwhile_another_run))
+    assert semantic_texts(cstore, "sarah") == ["Sarah has a Lumio bulb in the lounge"]
+
+
+def test_a_refused_step_rolls_the_whole_run_back(cstore, monkeypatch):
+    episode = write_episode(cstore, "sarah", "We moved to Edinburgh and I bought a new kettle plug.", "s1")
+    bristol = write_memory(cstore, "sarah", "Sarah lives in Bristol", "semantic", fact_type="location")
+    proposer = Scripted(lambda batch: [
+        {"kind": "fact", "text": "Sarah bought a new kettle plug", "fact_type": "device", "confidence": 0.9,
+         "supporting_episode_ids": [episode]},
+        {"kind": "fact", "text": "Sarah's household moved to Edinburgh", "fact_type": "location", "confidence": 0.9,
+         "supporting_episode_ids": [episode], "supersedes_id": [bristol], "contradiction": "natural"}])
+    real_new_plan = cons.new_plan
+
+    def plan_then_race(*args, **kwargs):
+        plan = real_new_plan(*args, **kwargs)
+        write_memory(cstore, "sarah", "Sarah lives in Glasgow", "semantic", supersedes_id=bristol)
+        return plan
+
+    monkeypatch.setattr(cons, "new_plan", plan_then_race)
+    with pytest.raises(ConflictError) as info:
+        consolidate(cstore, "sarah", proposer)
+    assert any("rolled back" in note for note in info.value.__notes__)
+    assert semantic_texts(cstore, "sarah") == ["Sarah lives in Bristol", "Sarah lives in Glasgow"]
+    assert read_plan(cstore, "sarah")["status"] == "rolled_back" and read_watermark(cstore, "sarah").timestamp is None
+
+
+def test_outcome_rollback_restores_the_counters(cstore, monkeypatch):
+    episode = write_episode(cstore, "sarah", "Thanks, the reset worked. Then I re-paired the garage opener, "
+                                             "reset its schedule and tested it.", "s1")
+    playbook = write_memory(cstore, "sarah", "Reset the hub. Use when: the hub is unreachable.", "procedural",
+                            name="Reset the hub", trigger="the hub is unreachable", steps=["Unplug it", "Plug it in"])
+    proposer = Scripted(lambda batch: [
+        {"kind": "outcome", "playbook_id": playbook, "success": True, "supporting_episode_ids": [episode]},
+        {"kind": "playbook", "name": "Restore the garage opener", "trigger": "the garage opener lost its schedule",
+         "steps": ["Re-pair the opener", "Reset its schedule", "Test it"], "supporting_episode_ids": [episode]}])
+
+    def refuse(store, user_id, kind, p, key):
+        raise ConflictError("simulated refusal")
+
+    monkeypatch.setattr(cons, "_write", refuse)
+    with pytest.raises(ConflictError):
+        consolidate(cstore, "sarah", proposer)
+    assert read_plan(cstore, "sarah")["journal"]["0"]["state"] == "done"
+    source = cstore.es.get(index=f"{cstore.prefix}-procedural", id=playbook)["_source"]
+    assert (source["success_count"], source["failure_count"]) == (0, 0) and source.get("last_success_at") is None
+
+
+def test_llm_proposer_retries_then_everything_passes_the_guards(cstore):
+    episode = write_episode(cstore, "sarah", "My daughter Isla turned two last week.", "s1")
+    good = {"facts": [{"text": "Sarah's daughter Isla turned two", "fact_type": "person", "confidence": 0.9,
+                       "supporting_episode_ids": [episode]},
+                      {"text": "Sarah is an astronaut", "fact_type": "other", "confidence": 0.95,
+                       "supporting_episode_ids": [episode]}], "playbooks": [], "outcomes": []}
+    script = [completion({"content": "{not json"}, "stop"), (429, {"error": {"message": "slow down"}}),
+              completion({"content": json.dumps(good)}, "stop")]
+    waits = []
+    with scripted_llm(script) as stub:
+        settings = replace(cstore.settings, llm_base_url=stub.base_url, llm_api_key="t", llm_model="stub-model")
+        report = consolidate(cstore, "sarah", LLMProposer(settings, sleep=waits.append))
+    assert waits == [1.0, 2.0]
+    request = stub.requests[-1]
+    assert request["response_format"]["type"] == "json_schema" and episode in request["messages"][1]["content"]
+    assert [d.accepted for d in report.decisions] == [True, False]
+    assert report.decisions[1].reason.endswith("not the user's own words")
+    assert semantic_texts(cstore, "sarah") == ["Sarah's daughter Isla turned two"]
+
+
+def test_llm_failure_writes_nothing(cstore):
+    write_episode(cstore, "sarah", "My daughter Isla turned two last week.", "s1")
+    with scripted_llm([completion({"content": "still not json"}, "stop")] * 4) as stub:
+        settings = replace(cstore.settings, llm_base_url=stub.base_url, llm_api_key="t", llm_model="stub-model")
+        with pytest.raises(LLMError, match="failed 4 times .*unusable output"):
+            consolidate(cstore, "sarah", LLMProposer(settings, sleep=lambda s: None))
+    assert semantic_texts(cstore, "sarah") == [] and read_plan(cstore, "sarah") is None
+    assert count_new_episodes(cstore, "sarah") == 1
+
+
+def test_llm_proposer_needs_a_model(cstore):
+    with pytest.raises(LLMError, match="no language model is configured"):
+        LLMProposer(replace(cstore.settings, llm_base_url=None, llm_api_key=None, llm_model=None))
+
+
+def test_every_n_trigger_and_all_users(cstore):
+    for i in range(3):
+        write_episode(cstore, "sarah", f"I have {i + 2} smart plugs in the kitchen.", "s1")
+    write_episode(cstore, "tom", "I have a Lumio Hub v3 in the hallway.", "t1")
+    assert maybe_consolidate(cstore, "sarah", every=4) is None
+    assert maybe_consolidate(cstore, "sarah", every=3).status == "applied"
+    assert count_new_episodes(cstore, "sarah") == 0
+    reports = consolidate_all(cstore, progress=False)
+    assert {u: r.status for u, r in reports.items()} == {"sarah": "nothing new", "tom": "applied"}
+    assert semantic_texts(cstore, "tom") == ["Tom has a Lumio Hub v3 in the hallway."]
+
+
+def test_bulk_loaded_history_counts_as_new(cstore):
+    docs = [build_document("sarah", f"I use scene {i} every evening.", "episodic", NOW.replace(day=1 + i),
+                           session_id="old") for i in range(2)]
+    bulk_load(cstore, docs, progress=False)
+    assert count_new_episodes(cstore, "sarah") == 2
+    first = consolidate(cstore, "sarah", limit=1)
+    assert first.episodes == 1 and count_new_episodes(cstore, "sarah") == 1
+    assert consolidate(cstore, "sarah", limit=1).episodes == 1 and count_new_episodes(cstore, "sarah") == 0
+
+
+def test_inspector_shows_counters_and_chains_as_static_html(cstore):
+    from atlas.inspector import MemoryInspector
+
+    old = write_memory(cstore, "sarah", "Sarah lives in Bristol", "semantic", fact_type="location")
+    write_memory(cstore, "sarah", "Sarah lives in Edinburgh", "semantic", supersedes_id=old)
+    write_episode(cstore, "sarah", "We moved to Edinburgh.", "s1")
+    inspector = MemoryInspector(cstore, "sarah", labels={old: "fact:bristol"}, interactive=False)
+    snap = inspector.current
+    assert snap.counts["semantic"] == {"total": 2, "current": 1, "superseded": 1}
+    assert snap.counts["episodic"]["total"] == 1 and snap.counts["procedural"]["total"] == 0
+    [line] = snap.chain_lines()
+    assert line.startswith("Sarah lives in Bristol [fact:bristol] → Sarah lives in Edinburgh")
+    bundle = inspector._repr_mimebundle_()
+    assert set(bundle) == {"text/plain", "text/html"} and "fact:bristol" in bundle["text/html"]
+    write_memory(cstore, "sarah", "Sarah's hub is called Beacon", "semantic")
+    inspector.refresh()
+    assert inspector.current.counts["semantic"]["current"] == 2

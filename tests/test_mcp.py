@@ -1,0 +1,169 @@
+"""The MCP server over real HTTP with the real MCP client: tools, auth, errors, ownership (issue 7).
+
+The app runs under uvicorn in a background thread on a free loopback port. Keys live in
+a test-local secrets folder (ATLAS_HOME=tmp_path) and are invalidated at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+import anyio
+import httpx
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from atlas.constants import CONTRADICTIONS, FACT_TYPES, MEMORY_TYPES, USER_MEMORY_TYPES
+from atlas.mcp_server import BackgroundServer, create_app, open_client
+from atlas.memory import write_memory
+from atlas.store import Store
+from atlas.tenancy import create_user_key
+
+
+@pytest.fixture
+def keyed(store: Store, tmp_path, monkeypatch) -> Iterator[tuple[Store, dict[str, str]]]:
+    """The isolated store with keys for sarah and tom in tmp_path; the keys are invalidated afterwards."""
+    monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
+    store.settings = replace(store.settings, home=tmp_path)
+    made = {user: create_user_key(store, user) for user in ("sarah", "tom")}
+    yield store, {user: key.encoded for user, key in made.items()}
+    store.es.security.invalidate_api_key(ids=[key.id for key in made.values()])
+
+
+@pytest.fixture
+def served(keyed) -> Iterator[tuple[Store, dict[str, str], BackgroundServer]]:
+    store, keys = keyed
+    with BackgroundServer(create_app(store)) as server:
+        yield store, keys, server
+
+
+def run(coroutine_fn, *args):
+    return anyio.run(coroutine_fn, *args)
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, as the SDK's task groups raise them."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
+    return [exc]
+
+
+def enum_of(prop: dict) -> list[str]:
+    """The enum of a (possibly optional, possibly array) JSON-schema property."""
+    for option in prop.get("anyOf", [prop]):
+        option = option.get("items", option)
+        if "enum" in option:
+            return option["enum"]
+    raise AssertionError(f"no enum in {prop}")
+
+
+def test_tools_round_trip_with_the_real_client(served):
+    store, keys, server = served
+
+    async def session_flow():
+        async with open_client(server.url("sarah"), keys["sarah"]) as session:
+            tools = {t.name: t for t in (await session.list_tools()).tools}
+            written = await session.call_tool("write_memory", {"text": "Sarah's hub is called Beacon",
+                                                               "memory_type": "semantic", "fact_type": "device"})
+            owner = store.es.get(index=f"{store.prefix}-semantic", id=written.structured_content["id"])["_source"]
+            found = await session.call_tool("recall_memory", {"query": "what is my hub called", "k": 3})
+            gone = await session.call_tool("forget_memory", {"id": written.structured_content["id"]})
+            after = await session.call_tool("recall_memory", {"query": "what is my hub called", "k": 3})
+            return tools, written, owner, found, gone, after
+
+    tools, written, owner, found, gone, after = run(session_flow)
+    assert set(tools) == {"recall_memory", "write_memory", "forget_memory"}
+    write_schema = tools["write_memory"].input_schema["properties"]
+    assert write_schema["memory_type"]["enum"] == list(USER_MEMORY_TYPES)
+    assert enum_of(write_schema["contradiction"]) == list(CONTRADICTIONS)
+    assert enum_of(write_schema["fact_type"]) == list(FACT_TYPES)
+    assert enum_of(tools["recall_memory"].input_schema["properties"]["types"]) == list(MEMORY_TYPES)
+    assert tools["forget_memory"].annotations.destructive_hint and tools["recall_memory"].annotations.read_only_hint
+    assert "explicitly asks" in tools["forget_memory"].description
+    assert "supersedes_id" in tools["write_memory"].description
+    assert not written.is_error
+    fact_id = written.structured_content["id"]
+    assert owner["user_id"] == "sarah" and owner["fact_type"] == "device"
+    assert fact_id in [m["id"] for m in found.structured_content["memories"]]
+    assert not gone.is_error and gone.structured_content == {"forgotten": fact_id, "memory_type": "semantic"}
+    assert fact_id not in [m["id"] for m in after.structured_content["memories"]]
+
+
+def test_missing_or_wrong_credential_is_401(served):
+    _, keys, server = served
+    url = server.url("sarah")
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+    headers = {"Accept": "application/json, text/event-stream"}
+    missing = httpx.post(url, json=init, headers=headers)
+    wrong = httpx.post(url, json=init, headers={**headers, "Authorization": "Bearer bm90OmEta2V5"})
+    for response in (missing, wrong):
+        assert response.status_code == 401 and response.headers["www-authenticate"].startswith("Bearer")
+        assert "Traceback" not in response.text
+    assert "Authorization: Bearer" in missing.json()["error"]["message"]
+
+    async def connect_with(key):
+        async with open_client(url, key):
+            pass
+
+    with pytest.raises(BaseException) as info:
+        run(connect_with, "bm90OmEta2V5")
+    messages = [str(e) for e in leaves(info.value) if isinstance(e, MCPError)]
+    assert messages and messages[0].startswith("401")
+
+
+def test_another_users_path_is_403(served):
+    _, keys, server = served
+    response = httpx.post(server.url("sarah"), json={"jsonrpc": "2.0", "id": 1, "method": "initialize"},
+                          headers={"Authorization": f"Bearer {keys['tom']}",
+                                   "Accept": "application/json, text/event-stream"})
+    assert response.status_code == 403
+    assert "/api/atlas/mcp/tom" in response.json()["error"]["message"]
+
+
+def test_malformed_arguments_are_clear_tool_errors(served):
+    store, keys, server = served
+
+    async def bad_calls():
+        async with open_client(server.url("sarah"), keys["sarah"]) as session:
+            return [await session.call_tool("recall_memory", {"query": "", "k": 0}),
+                    await session.call_tool("write_memory", {"text": "Sarah owns Tom's hub", "memory_type": "semantic",
+                                                             "user_id": "tom"}),
+                    await session.call_tool("write_memory", {"text": "x", "memory_type": "dreams"}),
+                    await session.call_tool("write_memory", {"text": "A fix", "memory_type": "procedural"}),
+                    await session.call_tool("forget_memory", {"id": "../../etc/passwd"}),
+                    await session.call_tool("no_such_tool", {})]
+
+    results = run(bad_calls)
+    texts = [r.content[0].text for r in results]
+    assert all(r.is_error for r in results), texts
+    assert texts[0].startswith("ValidationError: invalid arguments (query:") and "k:" in texts[0]
+    assert "user_id: Extra inputs are not permitted" in texts[1]
+    assert "memory_type" in texts[2] and "steps" in texts[3]
+    assert texts[4].startswith("ValidationError") and texts[5].startswith("UnknownTool")
+    assert not any("Traceback" in t or 'File "' in t for t in texts)
+    store.es.indices.refresh(index=f"{store.prefix}-*")
+    assert store.es.count(index=f"{store.prefix}-*")["count"] == 0
+
+
+def test_forget_of_another_users_memory_is_refused(served):
+    store, keys, server = served
+    toms = write_memory(store, "tom", "Tom's garage code is the year his mum was born", "semantic")
+
+    async def forget_toms():
+        async with open_client(server.url("sarah"), keys["sarah"]) as session:
+            return await session.call_tool("forget_memory", {"id": toms})
+
+    result = run(forget_toms)
+    assert result.is_error and result.content[0].text == f"NotFound: no memory {toms} belongs to user sarah"
+    assert store.es.get(index=f"{store.prefix}-semantic", id=toms)["_source"]["user_id"] == "tom"
+
+
+def test_info_gives_the_client_configuration(served):
+    _, _, server = served
+    info = httpx.get(server.url("sarah") + "/info").json()
+    assert info["url"] == server.url("sarah") and info["transport"] == "streamable-http"
+    assert info["headers"] == {"Authorization": "Bearer <ATLAS_API_KEY>"}
+    assert info["clients"]["cursor"]["mcpServers"]["atlas"]["url"] == server.url("sarah")
+    assert server.url("sarah") in info["clients"]["claude_desktop"]["mcpServers"]["atlas"]["args"]
+    assert httpx.get(server.base_url + "/api/atlas/mcp/Not%20A%20User/info").status_code == 400
