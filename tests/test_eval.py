@@ -1,0 +1,256 @@
+"""Evaluation (issue 6): loaders, scoring, the persona gate, and both runs against results/expected.json.
+
+The persona run is the full documented run (all 335 questions, every mode). The LoCoMo
+run here is the documented CI subset (`atlas eval locomo --ci`: the first two
+conversations, bm25 and the default mode); the full run is `make eval`.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from openai.types.chat import ChatCompletion
+from typer.testing import CliRunner
+
+from atlas import constants as C
+from atlas import results
+from atlas.cli import app
+from atlas.datasets import (PERSONA_NOW, load_persona, persona_document, persona_links, read_persona_corpus,
+                            read_persona_questions, stored_state)
+from atlas.errors import AtlasError
+from atlas.evaluate import PERSONA_GATE, EvalQuestion, evaluate_locomo, evaluate_persona, score
+from atlas.locomo import PAPER_REFERENCE, default_path, load_conversations
+from atlas.memory import bulk_load
+from atlas.schemas import all_indices
+from atlas.store import Store, open_store
+
+from .conftest import make_prefix
+from .test_tenancy import revoke_prefix_keys
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def eval_store(es, home: Path, tag: str, **options) -> Iterator[Store]:
+    """A fresh prefix whose user keys live in `home`; keys revoked and indices dropped afterwards."""
+    store = open_store(make_prefix(tag), es=es, **options)
+    store.settings = replace(store.settings, home=home)
+    yield store
+    revoke_prefix_keys(es, store.prefix)
+    store.drop()
+
+
+@pytest.fixture(scope="module")
+def persona_store(es, tmp_path_factory) -> Iterator[Store]:
+    with eval_store(es, tmp_path_factory.mktemp("home"), "eval-persona", now=lambda: PERSONA_NOW) as store:
+        yield store
+
+
+@pytest.fixture(scope="module")
+def persona_report(persona_store) -> dict:
+    return evaluate_persona(persona_store, progress=False)
+
+
+@pytest.fixture(scope="module")
+def locomo_report(es, tmp_path_factory) -> Iterator[dict]:
+    spec = results.RUNS["locomo-ci"]
+    if not default_path().is_file():
+        pytest.skip(f"LoCoMo data not found at {default_path()} (CC BY-NC, never in the repo)")
+    conversations = load_conversations()[:spec.conversations]
+    with eval_store(es, tmp_path_factory.mktemp("home"), "eval-locomo") as store:
+        yield evaluate_locomo(store, conversations, modes=spec.modes, progress=False)
+
+
+# --- scoring, without a cluster --------------------------------------------------------------
+
+
+def question(relevant: tuple[str, ...], unresolved: int = 0) -> EvalQuestion:
+    return EvalQuestion("q1", "sarah", "where is the hub?", relevant, "semantic", PERSONA_NOW, unresolved=unresolved)
+
+
+def test_score_by_hand():
+    got = score(question(("a", "b")), ["x", "a", "y", "z", "b"], (1, 2, 5))
+    assert got["r@1"] == 0.0 and got["r@2"] == 0.5 and got["r@5"] == 1.0
+    assert got["any@2"] == 1.0 and got["all@2"] == 0.0 and got["all@5"] == 1.0
+    assert got["mrr"] == 0.5 and got["paper_r@2"] == got["r@2"]
+
+
+def test_paper_scoring_of_missing_and_unresolvable_evidence():
+    assert score(question(()), ["a"], (5,)) == {"paper_r@5": 1.0}
+    got = score(question(("a",), unresolved=1), ["a"], (5,))
+    assert got["r@5"] == 1.0 and got["paper_r@5"] == 0.5
+
+
+# --- loaders -------------------------------------------------------------------------------------
+
+
+def test_persona_documents_keep_the_data():
+    corpus = {doc["key"]: doc for doc in read_persona_corpus()}
+    episode = persona_document(corpus["sarah-ep-001"])
+    assert episode["created_at"] == episode["timestamp"] == "2024-03-09T10:14:00.000Z"
+    assert episode["source_key"] == "sarah-ep-001" and episode["session_id"] == "sarah-s001"
+    fact = persona_document(corpus["sarah-fact-003"])
+    assert (fact["use_count"], fact["confidence"], fact["last_used_at"]) == (4, 0.92, "2026-10-26T08:15:00.000Z")
+    assert "supersedes_keys" not in fact and fact["contradiction"] == "natural"
+    unused = next(doc for doc in corpus.values() if doc["memory_type"] == "semantic" and "last_used_at" not in doc)
+    built = persona_document(unused)
+    assert built["last_used_at"] == built["created_at"]
+    playbook = persona_document(corpus["sarah-pb-001"])
+    assert playbook["success_rate"] == pytest.approx(0.75) and len(playbook["steps"]) == 7
+    catalog = persona_document(corpus["cat-0001"])
+    assert "user_id" not in catalog and catalog["tags"] and catalog["title"] == "Lumio Hub v1"
+
+
+def test_persona_links_both_ways():
+    corpus = read_persona_corpus()
+    ids = {doc["key"]: f"id-{doc['key']}" for doc in corpus}
+    links = persona_links(corpus, ids)
+    assert links["sarah-fact-003"]["supersedes"] == ["id-sarah-fact-002"]
+    assert links["sarah-fact-002"]["superseded_by"] == "id-sarah-fact-003"
+    assert links["sarah-fact-002"]["superseded_at"] == "2026-03-14T09:40:00.000Z"
+    assert links["sarah-fact-003"]["supporting_episode_ids"] == ["id-sarah-ep-033"]
+    assert sum("superseded_by" in link for link in links.values()) == 14
+
+
+def test_loaded_corpus_is_linked_and_loading_is_idempotent(persona_store, persona_report):
+    held = stored_state(persona_store, [doc["key"] for doc in read_persona_corpus()])
+    assert len(held) == 393
+    assert sorted(key for key, doc in held.items() if doc.get("superseded_by")) == sorted(
+        key for doc in read_persona_corpus() for key in doc.get("supersedes_keys", []))
+    assert held["sarah-fact-003"]["supersedes"] == ["sarah-fact-002"]
+    assert held["sarah-fact-002"]["superseded_by"] == "sarah-fact-003"
+    ids = load_persona(persona_store, progress=False)
+    assert ids == {key: doc["id"] for key, doc in held.items()}
+    assert persona_store.es.count(index=",".join(all_indices(persona_store.prefix)))["count"] == 393
+
+
+def test_partly_loaded_prefix_is_refused(store):
+    bulk_load(store, [persona_document(doc) for doc in read_persona_corpus()[:3]], progress=False)
+    with pytest.raises(AtlasError, match="holds 3 of the 393"):
+        load_persona(store, progress=False)
+
+
+# --- the persona run -------------------------------------------------------------------------------
+
+
+def test_persona_gate(persona_report):
+    default = persona_report["by_mode"][C.DEFAULT_RECALL_MODE]
+    assert default["r@10"] >= PERSONA_GATE["r@10"], default["r@10"]
+    assert default["r@5"] >= PERSONA_GATE["r@5"], default["r@5"]
+    assert persona_report["leaks"] == 0
+    assert persona_report["setup"]["reads"] == "per-user DLS keys + code filter"
+    assert all(mode["fallbacks"] == 0 for mode in persona_report["by_mode"].values())
+
+
+def test_persona_matches_expected(persona_report):
+    assert results.compare(results.RUNS["persona"], persona_report) == []
+
+
+def test_misses_name_what_came_first(persona_report):
+    default = persona_report["by_mode"][C.DEFAULT_RECALL_MODE]
+    shortfall = sum(1 - miss["r@10"] for miss in default["misses"])
+    assert shortfall == pytest.approx((1 - default["r@10"]) * persona_report["questions"])
+    for miss in default["misses"]:
+        assert miss["question"] and miss["expected"][0]["text"]
+        assert miss["first"]["key"] not in {e["key"] for e in miss["expected"]}
+
+
+def test_a_changed_metric_fails_the_comparison(persona_report):
+    expected = copy.deepcopy(results.load_expected())
+    item = expected["runs"]["persona"]["numbers"][f"by_mode.{C.DEFAULT_RECALL_MODE}.r@10"]
+    item["value"] = round(item["value"] - 2 * item["tolerance"], 4)
+    [problem] = results.compare(results.RUNS["persona"], persona_report, expected)
+    assert problem.startswith(f"by_mode.{C.DEFAULT_RECALL_MODE}.r@10")
+
+
+def test_other_data_is_not_compared(persona_report):
+    with pytest.raises(ValueError, match="not comparable"):
+        results.compare(results.RUNS["persona"], {**persona_report, "data_sha256": "0" * 64})
+
+
+# --- the LoCoMo subset ------------------------------------------------------------------------------
+
+
+def test_locomo_subset_matches_expected(locomo_report):
+    assert locomo_report["conversations"] == 2 and locomo_report["leaks"] == 0
+    assert results.compare(results.RUNS["locomo-ci"], locomo_report) == []
+
+
+# --- the expected file and the tables generated from it ---------------------------------------------
+
+
+def test_expected_file_names_a_command_and_tolerance_for_every_number():
+    runs = results.load_expected()["runs"]
+    assert set(runs) == set(results.RUNS)
+    for name, run in runs.items():
+        assert run["command"] == results.RUNS[name].command
+        for path, item in run["numbers"].items():
+            assert "value" in item and "tolerance" in item, path
+            assert item["tolerance"] is None or item["tolerance"] >= 0, path
+
+
+def test_docs_tables_are_generated_from_the_expected_file():
+    text = (REPO / "docs" / "evaluation.md").read_text(encoding="utf-8")
+    assert all(f"<!-- results:{name} -->" in text for name in ("persona", "locomo"))
+    assert results.render_blocks(text) == text, "run `atlas eval tables --write`"
+
+
+def test_tables_command():
+    out = CliRunner().invoke(app, ["eval", "tables", "persona"])
+    assert out.exit_code == 0 and "reference design" in out.output and "hybrid+rerank" in out.output
+
+
+# --- the question generator ---------------------------------------------------------------------------
+
+
+class FakeChat:
+    """Stands in for `OpenAI`: answers every prompt with two questions and counts the calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.chat = self
+        self.completions = self
+
+    def create(self, **request) -> ChatCompletion:
+        self.calls += 1
+        content = '{"questions": [{"question": "Where is it kept?", "kind": "paraphrase"},' \
+                  f' {{"question": "Question {self.calls}?", "kind": "collision"}}]}}'
+        return ChatCompletion.model_validate({
+            "id": "x", "object": "chat.completion", "created": 0, "model": request["model"],
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}]})
+
+
+def test_generate_qa_writes_the_schema_with_provenance(tmp_path):
+    spec = importlib.util.spec_from_file_location("generate_qa", REPO / "scripts" / "generate_qa.py")
+    generate_qa = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate_qa)
+    corpus = read_persona_corpus()
+    superseded = {key for doc in corpus for key in doc.get("supersedes_keys", [])}
+    client = FakeChat()
+    lines = generate_qa.generate(client, "test-model", corpus, per_doc=2, seed=0, limit=30, cache_dir=tmp_path)
+    assert client.calls == 30
+    assert {line["provenance"] for line in lines} == {"llm:test-model"}
+    assert not superseded & {key for line in lines for key in line["answer_keys"]}
+    assert set(lines[0]) == {"qid", "user_id", "question", "answer_keys", "memory_type", "kind", "provenance"}
+    assert len({line["question"] for line in lines}) == len(lines), "duplicates are dropped"
+    again = generate_qa.generate(client, "test-model", corpus, per_doc=2, seed=0, limit=30, cache_dir=tmp_path)
+    assert again == lines and client.calls == 30, "the second run is answered from the cache"
+    assert {q.provenance for q in read_persona_questions()} == {"hand-authored"}
+
+
+def test_numbers_in_the_prose_are_recorded_ones():
+    """A number quoted in docs/evaluation.md outside the generated tables must be a recorded or published one."""
+    text = results.BLOCK.sub("", (REPO / "docs" / "evaluation.md").read_text(encoding="utf-8"))
+    recorded = {f"{item['value']:.3f}" for run in results.load_expected()["runs"].values()
+                for item in run["numbers"].values() if isinstance(item["value"], float)}
+    published = {f"{v:.3f}" for v in [*PAPER_REFERENCE["r@10_by_category"].values(),
+                                       *(v for v in PAPER_REFERENCE.values() if isinstance(v, float))]}
+    quoted = set(re.findall(r"\b\d\.\d{3}\b", text))
+    assert quoted <= recorded | published, sorted(quoted - recorded - published)
