@@ -6,8 +6,11 @@ Tuning constants are not here (see `atlas.constants`); this module only answers
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,11 +106,10 @@ def load_settings(**overrides: object) -> Settings:
 
 
 def write_secret(path: Path, data: dict) -> None:
-    """Write a JSON secret file readable by its owner only (folder 0700, file 0600)."""
+    """Write a JSON secret file readable by its owner only (folder 0700, file 0600), atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.parent.chmod(0o700)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600, unique per writer
     with os.fdopen(fd, "w") as handle:
         json.dump(data, handle, indent=2)
     os.replace(tmp, path)
@@ -119,3 +121,16 @@ def read_secret(path: Path) -> dict | None:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
+
+
+def update_secret(path: Path, change: Callable[[dict], object]) -> dict:
+    """Read-modify-write a secret file under an exclusive lock, so concurrent writers (threads,
+    processes, a CLI beside a notebook) never lose each other's entries."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.chmod(0o700)
+    with open(path.parent / f".{path.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = read_secret(path) or {}
+        change(data)
+        write_secret(path, data)
+    return data

@@ -263,7 +263,17 @@ class E5Small:
 
 # --- optional and remote ---------------------------------------------------------
 
-class SentenceTransformerEmbedder:
+class _Symmetric:
+    """Embedders without query/passage prefixes: both sides go through `_embed`."""
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self._embed(texts)  # type: ignore[attr-defined]
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        return self._embed(texts)  # type: ignore[attr-defined]
+
+
+class SentenceTransformerEmbedder(_Symmetric):
     """Any sentence-transformers model folder; needs the optional `sentence-transformers` (and torch).
 
     The library truncates at `max_seq_length` silently, so no `TruncationWarning` here.
@@ -285,19 +295,13 @@ class SentenceTransformerEmbedder:
         self.name = name or Path(path).name
         self.dims = int(self._model.get_sentence_embedding_dimension())
 
-    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
-        return self._embed(texts)
-
-    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
-        return self._embed(texts)
-
     def _embed(self, texts: Sequence[str]) -> np.ndarray:
         texts = _as_list(texts)
         vectors = self._model.encode(texts, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
         return np.asarray(vectors, dtype=np.float32).reshape(len(texts), self.dims)
 
 
-class HttpEmbedder:
+class HttpEmbedder(_Symmetric):
     """An OpenAI-compatible server: `POST {url}/embeddings` with {"model", "input": [...]}.
 
     `name` is the server's model id. `dims` is asked of the server with one probe request
@@ -321,12 +325,6 @@ class HttpEmbedder:
         self._url = url.rstrip("/") + "/embeddings"
         self._client = httpx.Client(timeout=timeout, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
         self.dims = dims if dims is not None else int(self._post(["dimension probe"]).shape[1])
-
-    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
-        return self._embed(texts)
-
-    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
-        return self._embed(texts)
 
     def _embed(self, texts: Sequence[str]) -> np.ndarray:
         texts = _as_list(texts)

@@ -31,7 +31,7 @@ from .locomo import ADVERSARIAL, CATEGORY_NAMES, MAIN_CATEGORIES, PAPER_REFERENC
 from .metrics import percentiles, recall_all, recall_any, recall_fraction, reciprocal_rank, summarise
 from .recall import recall
 from .store import Store
-from .tenancy import authenticate_user_key, create_user_key, enable_tenancy, rotate_user_key, stored_key
+from .tenancy import enable_tenancy, ensure_user_key
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure  # matplotlib is imported only when a figure is drawn
@@ -111,22 +111,6 @@ def score(question: EvalQuestion, ranked: Sequence[str], ks: Sequence[int]) -> d
 # --- the loop ------------------------------------------------------------------------------------
 
 
-def ensure_user_key(store: Store, user_id: str) -> None:
-    """Create the user's read key, or replace a stored one the cluster no longer accepts."""
-    try:
-        key = stored_key(store.settings, store.prefix, user_id)
-    except NotFound:
-        create_user_key(store, user_id)
-        return
-    if key.state() == "active":
-        try:
-            authenticate_user_key(store, key.encoded)
-            return
-        except AuthError:
-            pass  # revoked or expired in the cluster, or made for a cluster that was reset
-    rotate_user_key(store, user_id)
-
-
 def read_as_users(store: Store, users: Iterable[str]) -> str:
     """Point every read at the asking user's own DLS key; says how reads are guarded.
 
@@ -135,7 +119,7 @@ def read_as_users(store: Store, users: Iterable[str]) -> str:
     """
     try:
         for user in users:
-            ensure_user_key(store, user)
+            ensure_user_key(store, user, verify=True)
     except AuthError as exc:
         warnings.warn(f"evaluating without per-user keys ({exc}): the code filter alone separates users", stacklevel=2)
         return "service credential + code filter"

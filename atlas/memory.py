@@ -70,7 +70,15 @@ def embed_documents(store: Store, docs: Sequence[dict]) -> None:
             doc["embed_model"] = store.embedder.name
 
 
+def _provision(store: Store, user_ids: Iterable[str | None]) -> None:
+    """Give each writing user their read key before their first document exists."""
+    if store.provision is not None:
+        for user_id in dict.fromkeys(u for u in user_ids if u is not None):
+            store.provision(user_id)
+
+
 def _index(store: Store, doc: dict, *, refresh: str | None = None) -> str:
+    _provision(store, [doc.get("user_id")])
     embed_documents(store, [doc])
     resp = store.es.index(index=index_name(store.prefix, doc["memory_type"]), document=doc,
                           refresh=refresh or store.refresh)
@@ -231,6 +239,7 @@ def bulk_load(store: Store, docs: Sequence[dict], *, progress: bool = True, batc
 
     Used by data-set loaders and the catalog; the embedding cache makes reruns cheap.
     """
+    _provision(store, (d.get("user_id") for d in docs))
     ids: list[str] = []
     bar = tqdm(total=len(docs), desc="indexing", unit="doc", disable=not progress)
     for start in range(0, len(docs), batch):
@@ -246,7 +255,7 @@ def bulk_load(store: Store, docs: Sequence[dict], *, progress: bool = True, batc
         bar.update(len(chunk))
     bar.close()
     if refresh:
-        store.es.indices.refresh(index=f"{store.prefix}-*")
+        store.es.indices.refresh(index=store.indices)
     return ids
 
 

@@ -17,7 +17,7 @@ from .config import Settings, load_settings
 from .connection import connect
 from .embed import Embedder, load_embedder
 from .rerank import SecondStage, load_second_stage
-from .schemas import check_prefix, drop_indices, ensure_indices
+from .schemas import all_indices, check_prefix, drop_indices, ensure_indices
 from .scoring import DEFAULT_PARAMS, ScoringParams
 
 
@@ -31,6 +31,8 @@ class Store:
     second_stage: SecondStage | None = None
     #: Read client of a user; the default (service client) relies on the code filter alone.
     reader: Callable[[str], Elasticsearch] | None = None
+    #: Called before a user's write; tenancy creates the user's read key there on first use.
+    provision: Callable[[str], None] | None = None
     #: Second guard: every query also filters on user_id. Off only to prove DLS alone holds.
     code_filter: bool = True
     params: ScoringParams = DEFAULT_PARAMS
@@ -42,6 +44,12 @@ class Store:
         return self.reader(user_id) if self.reader else self.es
 
     @property
+    def indices(self) -> str:
+        """Every memory index of the prefix and its archive, comma-joined (never `prefix-*`,
+        which would also match a longer prefix such as `prefix-ci`)."""
+        return ",".join(all_indices(self.prefix))
+
+    @property
     def passage_embedders(self) -> dict[str, Embedder]:
         """Vector field -> model that fills it at write time."""
         fields = {"embedding": self.embedder}
@@ -50,15 +58,24 @@ class Store:
         return fields
 
     def drop(self) -> None:
-        """Drop every index of this prefix (notebook and test cleanup)."""
+        """Drop every index of this prefix and invalidate its user keys (notebook and test cleanup)."""
         drop_indices(self.es, self.prefix)
+        if self.provision is not None:
+            from .tenancy import forget_prefix_keys  # tenancy builds on this module
+
+            forget_prefix_keys(self)
 
 
 def open_store(prefix: str | None = None, *, settings: Settings | None = None, es: Elasticsearch | None = None,
                embedder: Embedder | None = None, second_stage: SecondStage | None | str = "default",
                create: bool = True, now: Callable[[], datetime] | None = None,
-               params: ScoringParams = DEFAULT_PARAMS) -> Store:
-    """Connect, load the models and make sure the prefix's indices exist and match the schema."""
+               params: ScoringParams = DEFAULT_PARAMS, tenancy: bool = True) -> Store:
+    """Connect, load the models and make sure the prefix's indices exist and match the schema.
+
+    With `tenancy` (the default) every read goes through the user's own DLS-restricted API
+    key and a user's first write creates it; without, reads use the service credential and
+    the `user_id` filter alone (with a warning, see `atlas.tenancy`).
+    """
     settings = settings or load_settings()
     cache = settings.cache_dir / "embeddings"
     es = es or connect(settings)
@@ -72,4 +89,8 @@ def open_store(prefix: str | None = None, *, settings: Settings | None = None, e
     if create:
         rerank = store.passage_embedders.get("rerank_embedding")
         ensure_indices(es, store.prefix, embedder.dims, rerank.dims if rerank else None)
+    if tenancy:
+        from .tenancy import enable_tenancy  # tenancy builds on this module
+
+        enable_tenancy(store)
     return store

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -26,7 +27,7 @@ from tqdm.auto import tqdm
 
 from . import constants as C
 from .clock import es_date, parse_date, utcnow
-from .config import Settings, load_settings, read_secret, write_secret
+from .config import Settings, load_settings, read_secret, update_secret
 from .connection import connect
 from .errors import AuthError, NotFound, ValidationError
 from .recall import recall
@@ -149,9 +150,10 @@ def _record(key: UserKey) -> dict:
 
 
 def _save(settings: Settings, key: UserKey) -> None:
-    data = read_secret(users_path(settings)) or {}
-    data.setdefault(key.prefix, {})[key.user_id] = _record(key)
-    write_secret(users_path(settings), data)
+    def put(data: dict) -> None:
+        data.setdefault(key.prefix, {})[key.user_id] = _record(key)
+
+    update_secret(users_path(settings), put)
 
 
 def list_user_keys(settings: Settings, *, prefix: str | None = None) -> list[UserKey]:
@@ -282,9 +284,46 @@ class KeyReader:
         return client
 
 
+_PROVISION_LOCK = threading.Lock()
+
+
+def ensure_user_key(scope: Scope, user_id: str, *, verify: bool = False) -> None:
+    """Create the user's read key when they have none (their first write provisions it).
+
+    A revoked or expired key stays so until someone rotates it, unless `verify`, which
+    also replaces a key the cluster no longer accepts (evaluation runs on a reset node).
+    """
+    with _PROVISION_LOCK:
+        try:
+            key = stored_key(scope.settings, scope.prefix, user_id)
+        except NotFound:
+            create_user_key(scope, user_id)
+            return
+        if not verify:
+            return
+        if key.state() == "active":
+            try:
+                authenticate_user_key(scope, key.encoded)  # type: ignore[arg-type]
+                return
+            except AuthError:
+                pass  # revoked or expired in the cluster, or made for a cluster that was reset
+        rotate_user_key(scope, user_id)
+
+
 def enable_tenancy(store: Store) -> None:
-    """From now on every read of `store` (recall, ownership checks, history) uses the user's own key."""
+    """From now on every read of `store` (recall, ownership checks, history) uses the user's own key,
+    and a user's first write creates that key."""
     store.reader = KeyReader(store)
+    store.provision = lambda user_id: ensure_user_key(store, user_id)
+
+
+def forget_prefix_keys(store: Store) -> None:
+    """Invalidate every key made for the prefix (by the library, the CLI or a test) and drop them from the file."""
+    query = {"bool": {"filter": [{"term": {"metadata.atlas_prefix": store.prefix}}, {"term": {"invalidated": False}}]}}
+    ids = [key["id"] for key in store.es.security.query_api_keys(query=query, size=1000)["api_keys"]]
+    if ids:
+        store.es.security.invalidate_api_key(ids=ids)
+    update_secret(users_path(store.settings), lambda data: data.pop(store.prefix, None))
 
 
 def authenticate_user_key(store: Store, api_key: str) -> str:

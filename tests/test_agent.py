@@ -70,8 +70,8 @@ def test_scripted_supersession_through_the_loop(store):
     source = store.es.get(index=f"{store.prefix}-semantic", id=old)["_source"]
     assert source["superseded_by"] == new
     assert json.loads(stub.requests[1]["messages"][-1]["content"])["superseded"] == [old]
-    store.es.indices.refresh(index=f"{store.prefix}-*")
-    assert store.es.count(index=f"{store.prefix}-*", query={"match_phrase": {"text": "Edinburgh it is"}})["count"] == 0
+    store.es.indices.refresh(index=store.indices)
+    assert store.es.count(index=store.indices, query={"match_phrase": {"text": "Edinburgh it is"}})["count"] == 0
 
 
 def test_bad_tool_arguments_go_back_to_the_model(store):

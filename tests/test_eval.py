@@ -32,7 +32,6 @@ from atlas.schemas import all_indices
 from atlas.store import Store, open_store
 
 from .conftest import make_prefix
-from .test_tenancy import revoke_prefix_keys
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,7 +42,6 @@ def eval_store(es, home: Path, tag: str, **options) -> Iterator[Store]:
     store = open_store(make_prefix(tag), es=es, **options)
     store.settings = replace(store.settings, home=home)
     yield store
-    revoke_prefix_keys(es, store.prefix)
     store.drop()
 
 

@@ -142,8 +142,8 @@ def test_malformed_arguments_are_clear_tool_errors(served):
     assert "memory_type" in texts[2] and "steps" in texts[3]
     assert texts[4].startswith("ValidationError") and texts[5].startswith("UnknownTool")
     assert not any("Traceback" in t or 'File "' in t for t in texts)
-    store.es.indices.refresh(index=f"{store.prefix}-*")
-    assert store.es.count(index=f"{store.prefix}-*")["count"] == 0
+    store.es.indices.refresh(index=store.indices)
+    assert store.es.count(index=store.indices)["count"] == 0
 
 
 def test_forget_of_another_users_memory_is_refused(served):

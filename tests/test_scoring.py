@@ -27,7 +27,7 @@ def _measured(store, params=None) -> dict[str, float]:
     """_score of each document under a constant inner score of 1: exactly the multiplier."""
     query = build_scored_query({"constant_score": {"filter": {"match_all": {}}, "boost": 1.0}}, NOW,
                                params or store.params)
-    resp = store.es.search(index=f"{store.prefix}-*", query=query, size=1000, source_includes=["source_key"])
+    resp = store.es.search(index=store.indices, query=query, size=1000, source_includes=["source_key"])
     return {h["_source"]["source_key"]: h["_score"] for h in resp["hits"]["hits"]}
 
 

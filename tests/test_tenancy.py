@@ -35,14 +35,13 @@ from atlas.memory import (
 )
 from atlas.recall import recall
 from atlas.schemas import all_indices, index_name
-from atlas.store import Store
+from atlas.store import Store, open_store
 from atlas.supersession import history
 from atlas.tenancy import (
     UnrestrictedReadWarning,
     authenticate_user_key,
     build_role_descriptor,
     create_user_key,
-    enable_tenancy,
     inspect_credential,
     leak_sweep,
     list_user_keys,
@@ -53,7 +52,7 @@ from atlas.tenancy import (
     warn_if_service_reads,
 )
 
-from .conftest import NOW
+from .conftest import NOW, make_prefix
 
 CRAFTED_IDS = ['a" OR *', "*", "alice OR bob", 'alice"}},{"match_all":{}}]}}', "Alice", "", "a" * 65, "-x",
                "alice\n", "al ice", None, 7]
@@ -65,20 +64,11 @@ CATALOG = [
 ]
 
 
-def revoke_prefix_keys(es, prefix: str) -> None:
-    """Invalidate every API key whose metadata names `prefix` (keys made by the library, the CLI or a test)."""
-    query = {"bool": {"filter": [{"term": {"metadata.atlas_prefix": prefix}}, {"term": {"invalidated": False}}]}}
-    ids = [key["id"] for key in es.security.query_api_keys(query=query, size=1000)["api_keys"]]
-    if ids:
-        es.security.invalidate_api_key(ids=ids)
-
-
 @pytest.fixture
 def tstore(store: Store, tmp_path) -> Iterator[Store]:
-    """The isolated store with its secrets in tmp_path."""
+    """The isolated store with its secrets in tmp_path (its drop invalidates the prefix's keys)."""
     store.settings = replace(store.settings, home=tmp_path)
     yield store
-    revoke_prefix_keys(store.es, store.prefix)
 
 
 def load_catalog(store: Store) -> list[str]:
@@ -114,7 +104,6 @@ def test_role_descriptor_is_read_only_dls_on_the_prefix():
 
 
 def test_crafted_user_ids_refused(tstore):
-    enable_tenancy(tstore)
     for bad in CRAFTED_IDS:
         for attempt in (tenancy.build_dls_query, lambda u: build_role_descriptor(tstore.prefix, u),
                         lambda u: create_user_key(tstore, u), tstore.read_client):
@@ -147,8 +136,31 @@ def test_create_stores_key_with_metadata_and_role(tstore):
         create_user_key(tstore, "bob", expiration="30 days")
 
 
+def test_reads_go_through_user_keys_by_default_and_first_write_provisions(tstore):
+    assert isinstance(tstore.reader, tenancy.KeyReader)
+    write_memory(tstore, "alice", "My hub is in the attic", fact_type="home")
+    key = tenancy.stored_key(tstore.settings, tstore.prefix, "alice")
+    assert authenticate_user_key(tstore, key.encoded) == "alice"
+    assert tstore.read_client("alice") is not tstore.es
+    tenancy.revoke_user_key(tstore, "alice")
+    write_memory(tstore, "alice", "My hub is in the loft now", fact_type="home")
+    assert tenancy.stored_key(tstore.settings, tstore.prefix, "alice").state() == "revoked", \
+        "a write must not undo a revocation"
+    with pytest.raises(AuthError, match="rotate"):
+        recall(tstore, "alice", "where is my hub")
+
+
+def test_drop_invalidates_the_prefix_keys(es, tmp_path):
+    store = open_store(make_prefix("drop-keys"), es=es, now=lambda: NOW)
+    store.settings = replace(store.settings, home=tmp_path)
+    write_episode(store, "alice", "hello", "s1")
+    store.drop()
+    query = {"bool": {"filter": [{"term": {"metadata.atlas_prefix": store.prefix}}, {"term": {"invalidated": False}}]}}
+    assert es.security.query_api_keys(query=query)["api_keys"] == []
+    assert store.prefix not in (read_secret(users_path(store.settings)) or {})
+
+
 def test_unknown_user_has_no_reader(tstore):
-    enable_tenancy(tstore)
     with pytest.raises(NotFound, match="atlas users create carol"):
         recall(tstore, "carol", "anything at all")
 
@@ -167,14 +179,11 @@ def pair(tstore) -> dict[str, str]:
                                      name="camera fix", steps=["unplug the PetCam", "wait ten seconds", "plug in"]),
         "bob_episode": write_episode(tstore, "bob", "The dog camera dropped offline again tonight", "s1"),
     }
-    for user in ("alice", "bob"):
-        create_user_key(tstore, user)
-    return ids
+    return ids  # the writes created both users' keys
 
 
 @pytest.mark.parametrize("code_filter", [True, False], ids=["dls+filter", "dls-only"])
 def test_each_user_sees_own_and_catalog(tstore, pair, code_filter):
-    enable_tenancy(tstore)
     tstore.code_filter = code_filter
     for user in ("alice", "bob"):
         seen = owners(tstore, user, "what is my dog called, and the dog camera")
@@ -189,7 +198,8 @@ def test_each_user_sees_own_and_catalog(tstore, pair, code_filter):
 
 
 def test_service_credential_with_code_filter_does_not_leak_but_warns(tstore, pair):
-    assert tstore.reader is None and tstore.code_filter
+    tstore.reader = None
+    assert tstore.code_filter
     for user in ("alice", "bob"):
         assert owners(tstore, user, "what is my dog called") <= {user, None}
     with pytest.warns(UnrestrictedReadWarning, match="code filter as the only guard"):
@@ -199,14 +209,13 @@ def test_service_credential_with_code_filter_does_not_leak_but_warns(tstore, pai
 
 def test_service_credential_without_code_filter_leaks(tstore, pair):
     """The negative control: without either guard, alice sees bob's dog. The checks above can fail."""
-    tstore.code_filter = False
+    tstore.reader, tstore.code_filter = None, False
     assert "bob" in owners(tstore, "alice", "what is my dog called")
     with pytest.warns(UnrestrictedReadWarning, match="code filter OFF"):
         warn_if_service_reads(tstore)
 
 
 def test_other_users_documents_cannot_be_read_or_changed(tstore, pair):
-    enable_tenancy(tstore)
     semantic, procedural = index_name(tstore.prefix, "semantic"), index_name(tstore.prefix, "procedural")
     before = {i: service_doc(tstore, semantic, pair[i]) for i in ("alice_dog", "bob_dog")}
     before["bob_playbook"] = service_doc(tstore, procedural, pair["bob_playbook"])
@@ -249,7 +258,6 @@ def test_other_users_documents_cannot_be_read_or_changed(tstore, pair):
 
 
 def test_revoked_rotated_and_expired_keys(tstore, pair):
-    enable_tenancy(tstore)
     assert owners(tstore, "alice", "my dog") == {"alice", None}
     old = revoke_user_key(tstore, "alice")
     assert tstore.es.security.get_api_key(id=old.id)["api_keys"][0]["invalidated"]
@@ -290,7 +298,6 @@ def test_keys_that_are_not_atlas_user_keys_are_refused(tstore, pair):
     planted = replace(tenancy.stored_key(tstore.settings, tstore.prefix, "alice"), user_id="mallory",
                       id=admin["id"], encoded=admin["encoded"])
     tenancy._save(tstore.settings, planted)
-    enable_tenancy(tstore)
     with pytest.warns(UnrestrictedReadWarning, match="mallory"), pytest.raises(AuthError, match="belongs to None"):
         recall(tstore, "mallory", "my dog")
     with warnings.catch_warnings():
@@ -324,7 +331,6 @@ def synthetic_tenants(store: Store, count: int) -> dict[str, list[str]]:
         write_memory(store, user, f"The thermostat in the {ROOMS[i]} is set to {15 + i} degrees at night",
                      fact_type="home")
         write_episode(store, user, f"The Lumio hub in the {ROOMS[i]} went offline after the storm", f"s{i}")
-        create_user_key(store, user)
         tenants[user] = questions
     return tenants
 
@@ -332,6 +338,7 @@ def synthetic_tenants(store: Store, count: int) -> dict[str, list[str]]:
 def test_leak_sweep_over_twelve_tenants(tstore):
     load_catalog(tstore)
     tenants = synthetic_tenants(tstore, 12)
+    reader = tstore.reader
     report = leak_sweep(tstore, tenants, k=10, configurations=[*tenancy.DEFAULT_GUARDS, "unguarded"], progress=False)
     print(report.table())
     for name in tenancy.DEFAULT_GUARDS:
@@ -341,7 +348,7 @@ def test_leak_sweep_over_twelve_tenants(tstore):
         assert result.own >= result.queries and result.catalog > 0
     unguarded = report.results["unguarded"]
     assert len(unguarded.leaks) > unguarded.queries, "without any guard every query should surface other tenants"
-    assert tstore.reader is None and tstore.code_filter, "the sweep restores the store"
+    assert tstore.reader is reader and tstore.code_filter, "the sweep restores the store"
 
 
 def test_leak_sweep_needs_two_tenants_and_known_configurations(tstore):
