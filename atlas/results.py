@@ -24,6 +24,8 @@ from .locomo import ADVERSARIAL, CATEGORY_NAMES, MAIN_CATEGORIES, PAPER_REFERENC
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXPECTED_PATH = REPO_ROOT / "results" / "expected.json"
 DOC_PATH = REPO_ROOT / "docs" / "evaluation.md"
+#: Every document whose results blocks are generated: `atlas eval tables --write` re-renders them all.
+DOC_PATHS = (DOC_PATH, REPO_ROOT / "README.md")
 ABOUT = ("Expected results of every published evaluation number: per run, the command that reproduces it and, "
          "per number (a path into the run's report), its value and tolerance (null: shown, not checked). "
          "Checked by tests/test_eval.py; the tables of docs/evaluation.md are rendered from it "
@@ -300,7 +302,7 @@ def render_blocks(text: str, expected: Mapping | None = None) -> str:
     return BLOCK.sub(lambda m: f"{m['open']}\n{render_results_table(m['run'], expected)}\n{m['close']}", text)
 
 
-def update_markdown(paths: Sequence[Path] = (DOC_PATH,)) -> list[Path]:
+def update_markdown(paths: Sequence[Path] = DOC_PATHS) -> list[Path]:
     """Re-render the generated blocks of each file; returns the files that changed."""
     changed = []
     for path in paths:

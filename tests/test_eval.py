@@ -194,8 +194,9 @@ def test_expected_file_names_a_command_and_tolerance_for_every_number():
             assert item["tolerance"] is None or item["tolerance"] >= 0, path
 
 
-def test_docs_tables_are_generated_from_the_expected_file():
-    text = (REPO / "docs" / "evaluation.md").read_text(encoding="utf-8")
+@pytest.mark.parametrize("path", results.DOC_PATHS, ids=lambda p: p.name)
+def test_docs_tables_are_generated_from_the_expected_file(path):
+    text = path.read_text(encoding="utf-8")
     assert all(f"<!-- results:{name} -->" in text for name in ("persona", "locomo"))
     assert results.render_blocks(text) == text, "run `atlas eval tables --write`"
 
