@@ -124,9 +124,10 @@ def bench_latency(results: Mapping, *, out_dir: str | Path | None = None, name: 
     for peer, key, style in (("zep", "p50_ms", ":"), ("zep", "p95_ms", "-."), ("mem0", "p95_ms", "--")):
         value = results["peers"][peer][key]
         ax.axhline(value, color="grey", linestyle=style, linewidth=1)
-        ax.annotate(f"{peer} {key[:3]} {value:.0f}", (ax.get_xlim()[0], value), fontsize=7, color="grey",
-                    va="bottom")
-    ax.set(xscale="log", xlabel="memories in the index", ylabel="ms", title="Recall latency (dashed: p95)")
+        ax.annotate(f"{peer} {key[:3]} {value:.0f} ms", (int(scales[-1]), value), fontsize=7, color="grey",
+                    ha="right", va="bottom")
+    ax.set(xscale="log", yscale="log", xlabel="memories in the index", ylabel="ms (log)",
+           title="Recall latency (dashed: p95; grey: published peers)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return _finish(fig, name, out_dir)
@@ -203,5 +204,6 @@ def grouped_bars(values: Mapping[str, Mapping[str, float]], *, reference: Mappin
     ax.set_xticks(x, groups, fontsize=9)
     ax.set(ylabel=ylabel, ylim=(0, 1.05), title=title)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, ncols=min(len(series) + 1, 5), loc="lower right")
+    ax.legend(fontsize=8, ncols=min(len(series) + 1, 5), loc="upper center", bbox_to_anchor=(0.5, -0.1),
+              frameon=False)
     return _finish(fig, name, out_dir)

@@ -22,7 +22,7 @@ from . import constants as C
 from .errors import AtlasError
 from .memory import VECTOR_FIELDS, Owned, record_use
 from .rerank import zscore
-from .schemas import archive_name, searchable
+from .schemas import all_indices, archive_name, searchable
 from .scoring import ScoringParams, build_scored_query
 from .store import Store
 from .validation import check_choice, check_flag, check_k, check_text, check_types, check_user, check_when
@@ -159,11 +159,22 @@ def _hit(raw: dict, ranks: dict[str, int], rrf: float) -> Hit:
                source=source, seq_no=raw.get("_seq_no", -1), primary_term=raw.get("_primary_term", -1))
 
 
-def drop_retired(hits: list[Hit]) -> list[Hit]:
-    """Leave out facts whose successor is among the hits: supersession indexes the new fact before it
-    marks the old one, and a refresh in between would otherwise show both as current."""
-    retired = {old for hit in hits for old in hit.source.get("supersedes") or ()}
-    return [hit for hit in hits if hit.id not in retired]
+def settle_supersessions(store: Store, user_id: str, hits: list[Hit]) -> list[Hit]:
+    """Show one version of a fact whose supersession is in flight.
+
+    Supersession indexes the new fact before it marks the old ones, so a refresh in between shows
+    both as current, and a writer that loses a race shows its new fact until it removes it. The old
+    facts say which successor won: a new fact counts once they point to it, and until then they stay
+    current. Costs one search by id, only when a hit has retired something.
+    """
+    targets = sorted({old for hit in hits for old in hit.source.get("supersedes") or ()})
+    if not targets:
+        return hits
+    found = store.read_client(user_id).search(index=",".join(all_indices(store.prefix)), query={"ids": {"values": targets}},
+                                              size=len(targets), source_includes=["superseded_by"])
+    pointer = {hit["_id"]: hit["_source"].get("superseded_by") for hit in found["hits"]["hits"]}
+    return [hit for hit in hits if pointer.get(hit.id) is None
+            and all(pointer.get(old, hit.id) == hit.id for old in hit.source.get("supersedes") or ())]
 
 
 # --- the second stage -------------------------------------------------------------------------
@@ -240,7 +251,7 @@ def recall(store: Store, user_id: str, query: str, k: int = 10, types: Sequence[
             rankings[request["path"]].append(key)
     hits = [_hit(raw[key], ranks, score) for key, score, ranks in rrf_fuse(rankings, rank_constant)]
     if not include_superseded:
-        hits = drop_retired(hits)
+        hits = settle_supersessions(store, user_id, hits)
     timings["fusion"] = time.perf_counter() - started
     stage_name, note = None, None
     if mode == "hybrid+rerank" and hits:

@@ -12,18 +12,18 @@ with point-in-time paging and `_bulk` (no `_reindex` on this cluster).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from elasticsearch import ConflictError as ESConflict
-from elasticsearch import helpers
+from elasticsearch import NotFoundError, helpers
 from tqdm.auto import tqdm
 
 from . import constants as C
 from .clock import es_date
 from .errors import AlreadySuperseded, ConflictError, ValidationError
 from .memory import VECTOR_FIELDS, Owned, _index, build_document, owned
-from .schemas import archive_name, index_name
+from .schemas import all_indices, archive_name, index_name
 from .scoring import days
 from .store import Store
 from .validation import check_id, check_user
@@ -49,9 +49,21 @@ def chain_head(store: Store, user_id: str, doc_id: str) -> str:
 
 
 def _mark(store: Store, old: Owned, new_id: str, stamp: str) -> None:
-    """Mark one old document superseded, only if nobody changed it since we read it (409 otherwise)."""
-    store.es.update(index=old.index, id=old.id, doc={"superseded_by": new_id, "superseded_at": stamp},
-                    if_seq_no=old.seq_no, if_primary_term=old.primary_term, refresh=store.refresh)
+    """Mark one old document superseded, only if nobody superseded it since we read it (409 otherwise).
+
+    A concurrent recall bumping its use count changes its seq_no too; that is no conflict, so the
+    mark is retried on the fresh copy. Without this, a fact recalled often could never be superseded.
+    """
+    for attempt in range(C.OCC_RETRIES):
+        try:
+            store.es.update(index=old.index, id=old.id, doc={"superseded_by": new_id, "superseded_at": stamp},
+                            if_seq_no=old.seq_no, if_primary_term=old.primary_term, refresh=store.refresh)
+            return
+        except ESConflict:
+            fresh = store.es.get(index=old.index, id=old.id, source_includes=["superseded_by"])
+            if fresh["_source"].get("superseded_by") or attempt == C.OCC_RETRIES - 1:
+                raise
+            old = replace(old, seq_no=fresh["_seq_no"], primary_term=fresh["_primary_term"])
 
 
 def supersede(store: Store, user_id: str, old_ids: Sequence[str], text: str, memory_type: C.MemoryType = "semantic",
@@ -69,6 +81,9 @@ def supersede(store: Store, user_id: str, old_ids: Sequence[str], text: str, mem
     for old in olds:
         if old.source.get("superseded_by"):
             raise AlreadySuperseded(old.id, chain_head(store, user_id, old.id))
+        if not _settled(store, old):
+            raise ConflictError(f"memory {old.id} is still being written by a concurrent supersession (or one that "
+                                "crashed: run `atlas repair`); nothing was written, re-read and retry")
     now = store.now()
     doc = build_document(user_id, text, memory_type, now, contradiction=contradiction,
                          supersedes=[o.id for o in olds], **fields)
@@ -79,16 +94,27 @@ def supersede(store: Store, user_id: str, old_ids: Sequence[str], text: str, mem
         for old in olds:
             _mark(store, old, new_id, es_date(now))
             marked.append(old)
-    except ESConflict:
+    except (ESConflict, NotFoundError):
         _undo(store, new_id, doc["memory_type"], marked)
-        winner = store.es.get(index=olds[len(marked)].index, id=olds[len(marked)].id,
-                              source_includes=["superseded_by"])["_source"].get("superseded_by")
+        lost = _find(store, olds[len(marked)].id)
+        winner = lost.source.get("superseded_by") if lost else None
         raise ConflictError(
-            f"memory {olds[len(marked)].id} changed while superseding it"
+            f"memory {olds[len(marked)].id} {'changed' if lost else 'was deleted'} while superseding it"
             + (f" (now superseded by {winner})" if winner else "") + "; nothing was written, re-read and retry"
         ) from None
     store.es.indices.refresh(index=index_name(store.prefix, memory_type))
     return new_id
+
+
+def _settled(store: Store, doc: Owned) -> bool:
+    """Whether every fact `doc` supersedes points back to it. Until then its own supersession is in
+    flight, or lost its race and `doc` is about to be removed: superseding it would fork the chain."""
+    previous = list(doc.source.get("supersedes") or ())
+    if not previous:
+        return True
+    hits = store.es.search(index=",".join(all_indices(store.prefix)), query={"ids": {"values": previous}}, size=len(previous),
+                           source_includes=["superseded_by"])["hits"]["hits"]
+    return all(hit["_source"].get("superseded_by") == doc.id for hit in hits)
 
 
 def _undo(store: Store, new_id: str, memory_type: str, marked: Sequence[Owned]) -> None:
