@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from . import constants as C
 from .clock import es_date, parse_date, utcnow
 from .config import Settings, load_settings, read_secret, update_secret
-from .connection import connect
+from .connection import AtlasClient, connect
 from .errors import AuthError, NotFound, ValidationError
 from .recall import recall
 from .schemas import all_indices, check_prefix, index_name
@@ -187,7 +187,8 @@ def _issue(scope: Scope, user_id: str, expiration: str | None) -> UserKey:
     """Create the key in the cluster and store it."""
     body = build_create_key_body(scope.prefix, user_id, expiration)
     try:
-        resp = scope.es.security.create_api_key(**body)
+        # refresh=true: the key is usable at once, without waiting for the next security-index refresh (~1 s).
+        resp = scope.es.security.create_api_key(**body, refresh=True)
     except AuthorizationException:
         raise AuthError("the service credential may not create API keys: it needs the `manage_api_key` "
                         "cluster privilege (the local node's `elastic` user has it)") from None
@@ -233,8 +234,9 @@ def revoke_user_key(scope: Scope, user_id: str) -> UserKey:
 # --- reads through the user's key -----------------------------------------------------------
 
 
-class UserClient(Elasticsearch):
-    """A client on one user's key: a refused key becomes an `AuthError` that says how to fix it."""
+class UserClient(AtlasClient):
+    """A client on one user's key: a refused key becomes an `AuthError` that says how to fix it
+    (and, as for every Atlas client, a lost connection a `ConnectionFailed`)."""
 
     user_id = ""
 
