@@ -43,6 +43,8 @@ RERANK_SECOND_WEIGHT = 1.0
 #: Weight of the fused-rank prior (z-scored RRF) in the second stage.
 RERANK_RRF_WEIGHT = 1.0
 MAX_K = 200
+#: Words of a query the BM25 path uses: a pasted 100 kB message would exceed the cluster's clause limit.
+MAX_QUERY_TERMS = 256
 
 # --- decay, use and priors ------------------------------------------------------
 #: Recency multiplier is 1.0 for documents younger than this.

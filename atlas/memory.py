@@ -176,7 +176,10 @@ def update_owned(store: Store, user_id: str, doc: Owned, change: callable, *, re
                             if_primary_term=current.primary_term, refresh=refresh or "false")
             return partial
         except ESConflict:
-            fresh = store.es.get(index=current.index, id=current.id, source_excludes=list(VECTOR_FIELDS))
+            try:
+                fresh = store.es.get(index=current.index, id=current.id, source_excludes=list(VECTOR_FIELDS))
+            except NotFoundError:
+                raise NotFound(f"memory {doc.id} was deleted meanwhile") from None
             if fresh["_source"].get("user_id") != user_id:
                 raise NotFound(f"no memory {doc.id} belongs to user {user_id}") from None
             current = Owned(fresh["_id"], fresh["_index"], fresh["_source"], fresh["_seq_no"], fresh["_primary_term"])

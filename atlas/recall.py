@@ -89,7 +89,8 @@ def build_filters(user_id: str, *, code_filter: bool = True, include_superseded:
 
 
 def build_bm25_body(query: str, filters: dict, now: datetime, params: ScoringParams, window: int) -> dict:
-    """BM25 over the text and its exact-token subfield."""
+    """BM25 over the text and its exact-token subfield (the first MAX_QUERY_TERMS words of the query)."""
+    query = " ".join(query.split()[:C.MAX_QUERY_TERMS])
     match = {"multi_match": {"query": query, "fields": ["text", "text.exact"], "type": "most_fields"}}
     inner = {"bool": {"must": [match], "filter": [filters]}}
     return {"size": window, "query": build_scored_query(inner, now, params), "seq_no_primary_term": True,
