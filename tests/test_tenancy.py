@@ -19,7 +19,8 @@ from elasticsearch import AuthorizationException
 from elasticsearch import NotFoundError as ESNotFound
 from typer.testing import CliRunner
 
-from atlas import tenancy
+from atlas import leaks, tenancy
+from atlas.leaks import leak_sweep
 from atlas.cli import app
 from atlas.cluster import credentials_path
 from atlas.config import load_settings, read_secret
@@ -43,7 +44,6 @@ from atlas.tenancy import (
     build_role_descriptor,
     create_user_key,
     inspect_credential,
-    leak_sweep,
     list_user_keys,
     revoke_user_key,
     rotate_user_key,
@@ -339,9 +339,9 @@ def test_leak_sweep_over_twelve_tenants(tstore):
     load_catalog(tstore)
     tenants = synthetic_tenants(tstore, 12)
     reader = tstore.reader
-    report = leak_sweep(tstore, tenants, k=10, configurations=[*tenancy.DEFAULT_GUARDS, "unguarded"], progress=False)
+    report = leak_sweep(tstore, tenants, k=10, configurations=[*leaks.DEFAULT_GUARDS, "unguarded"], progress=False)
     print(report.table())
-    for name in tenancy.DEFAULT_GUARDS:
+    for name in leaks.DEFAULT_GUARDS:
         result = report.results[name]
         assert result.queries == 12 * (3 + 3)
         assert result.leaks == [], report.table()
