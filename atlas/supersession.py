@@ -189,7 +189,25 @@ def history(store: Store, user_id: str, doc_id: str) -> list[dict]:
         if doc.source.get("superseded_by"):
             neighbours.append(doc.source["superseded_by"])
         frontier += [owned(store, user_id, n, archive=True) for n in neighbours if n not in found]
-    return sorted(found.values(), key=lambda d: (d["created_at"], d["id"]))
+    return chain_order(found)
+
+
+def chain_order(docs: dict[str, dict]) -> list[dict]:
+    """Every document after the ones it supersedes (timestamps can tie: facts written in one
+    second, or under a fixed clock); among documents free to come next, the oldest first."""
+    waiting = {i: {p for p in d.get("supersedes") or () if p in docs} for i, d in docs.items()}
+    ordered: list[dict] = []
+    while waiting:
+        ready = sorted((i for i, parents in waiting.items() if not parents),
+                       key=lambda i: (docs[i]["created_at"], i))
+        if not ready:  # a cycle cannot be written through `supersede`; keep whatever is left by time
+            ready = sorted(waiting, key=lambda i: (docs[i]["created_at"], i))
+        first = ready[0]
+        ordered.append(docs[first])
+        del waiting[first]
+        for parents in waiting.values():
+            parents.discard(first)
+    return ordered
 
 
 # --- archive -----------------------------------------------------------------------------

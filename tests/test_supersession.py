@@ -161,3 +161,11 @@ def test_archive_moves_old_superseded_and_is_resumable(store, monkeypatch):
     flagged = recall(store, "sarah", "Bristol", include_superseded=True, touch=False).hits
     assert any(h.id == old and h.superseded_by == new for h in flagged)
     assert old not in recall(store, "sarah", "Bristol", touch=False).ids()
+
+
+def test_chain_order_follows_links_not_clocks():
+    same = "2026-11-01T12:00:00.000Z"
+    docs = {"z": {"created_at": same}, "a": {"created_at": same, "supersedes": ["z"]},
+            "m": {"created_at": same, "supersedes": ["a"]}, "b": {"created_at": same}}
+    order = [next(k for k, v in docs.items() if v is d) for d in supersession.chain_order(docs)]
+    assert order.index("z") < order.index("a") < order.index("m")
