@@ -43,7 +43,7 @@ from .errors import ValidationError
 from .memory import build_document, bulk_load, write_episode
 from .recall import recall
 from .rerank import load_second_stage
-from .schemas import check_prefix, drop_indices, index_name
+from .schemas import all_indices, check_prefix, drop_indices, index_name
 from .store import Store, open_store
 
 #: The fixed "now" of the synthetic corpus and of every recall.
@@ -224,7 +224,7 @@ def load_corpus(store: Store, corpus: Corpus, clauses: ClauseVectors, seed: int,
         helpers.bulk(store.es, actions, refresh=False)
         bar.update(len(actions))
     bar.close()
-    store.es.indices.refresh(index=f"{store.prefix}-*")
+    store.es.indices.refresh(index=store.indices)
     return len(corpus.docs) / (time.perf_counter() - started)
 
 
@@ -319,8 +319,9 @@ def measure_ingest_with_embedding(store: Store, rng: random.Random, count: int, 
 
 def index_size(es: Elasticsearch, prefix: str) -> dict:
     """Bytes on disk of the prefix's primaries (after a flush; not force-merged)."""
-    es.indices.flush(index=f"{prefix}-*")
-    stats = es.indices.stats(index=f"{prefix}-*", metric="store,docs")["_all"]["primaries"]
+    indices = ",".join(all_indices(prefix))
+    es.indices.flush(index=indices)
+    stats = es.indices.stats(index=indices, metric="store,docs")["_all"]["primaries"]
     docs, size = stats["docs"]["count"], stats["store"]["size_in_bytes"]
     return {"docs": docs, "bytes": size, "bytes_per_1k": size / max(docs, 1) * 1000}
 

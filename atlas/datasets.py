@@ -23,7 +23,7 @@ from .clock import es_date
 from .errors import AtlasError
 from .locomo import Conversation, turn_memories
 from .memory import bulk_load, build_document, parse_when
-from .schemas import all_indices, index_name
+from .schemas import index_name
 from .scoring import smoothed_success_rate
 from .store import Store
 from .validation import check_choice
@@ -145,7 +145,7 @@ def stored_state(store: Store, keys: Iterable[str]) -> dict[str, dict]:
     found: dict[str, dict] = {}
     for start in range(0, len(wanted), 10_000):
         query = {"terms": {"source_key": wanted[start:start + 10_000]}}
-        for hit in helpers.scan(store.es, index=",".join(all_indices(store.prefix)), query={"query": query},
+        for hit in helpers.scan(store.es, index=store.indices, query={"query": query},
                                 _source_includes=["source_key", *_STATE_FIELDS]):
             source = dict(hit["_source"])
             key = source.pop("source_key")
@@ -187,7 +187,7 @@ def load_once(store: Store, docs: Sequence[dict], name: str, *,
                 "_id": ids[doc["source_key"]], "doc": partials[doc["source_key"]]}
                for doc in docs if doc["source_key"] in partials]
         helpers.bulk(store.es, tqdm(ops, desc="linking", unit="doc", disable=not progress), refresh=False)
-    store.es.indices.refresh(index=",".join(all_indices(store.prefix)))
+    store.es.indices.refresh(index=store.indices)
     return ids
 
 

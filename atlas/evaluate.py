@@ -26,7 +26,7 @@ from . import constants as C
 from .connection import server_version
 from .datasets import (PERSONA_DIR, PERSONA_NOW, load_locomo, load_persona, locomo_documents, persona_document,
                        read_persona_corpus, read_persona_questions)
-from .errors import AuthError, NotFound
+from .errors import AuthError
 from .locomo import ADVERSARIAL, CATEGORY_NAMES, MAIN_CATEGORIES, PAPER_REFERENCE, Conversation, questions
 from .metrics import percentiles, recall_all, recall_any, recall_fraction, reciprocal_rank, summarise
 from .recall import recall

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from . import constants as C
 from .clock import as_utc, es_date
-from .errors import NotFound, ValidationError
+from .errors import ConflictError, NotFound, ValidationError
 from .schemas import archive_name, index_name
 from .scoring import smoothed_success_rate
 from .store import Store
@@ -66,8 +66,8 @@ def embed_documents(store: Store, docs: Sequence[dict]) -> None:
         vectors = embedder.embed_passages(texts)
         for doc, vector in zip(docs, vectors):
             doc[field] = vector.tolist()
-        for doc in docs:
-            doc["embed_model"] = store.embedder.name
+    for doc in docs:
+        doc["embed_model"] = store.embedder.name
 
 
 def _provision(store: Store, user_ids: Iterable[str | None]) -> None:
@@ -185,8 +185,6 @@ def update_owned(store: Store, user_id: str, doc: Owned, change: callable, *, re
             current = Owned(fresh["_id"], fresh["_index"], fresh["_source"], fresh["_seq_no"], fresh["_primary_term"])
         except NotFoundError:
             raise NotFound(f"memory {doc.id} was deleted meanwhile") from None
-    from .errors import ConflictError
-
     raise ConflictError(f"memory {doc.id} kept changing under {C.OCC_RETRIES} attempts; retry later")
 
 

@@ -22,7 +22,7 @@ from . import constants as C
 from .errors import AtlasError
 from .memory import VECTOR_FIELDS, Owned, record_use
 from .rerank import zscore
-from .schemas import all_indices, archive_name, searchable
+from .schemas import archive_name, searchable
 from .scoring import ScoringParams, build_scored_query
 from .store import Store
 from .validation import check_choice, check_flag, check_k, check_text, check_types, check_user, check_when
@@ -171,7 +171,7 @@ def settle_supersessions(store: Store, user_id: str, hits: list[Hit]) -> list[Hi
     targets = sorted({old for hit in hits for old in hit.source.get("supersedes") or ()})
     if not targets:
         return hits
-    found = store.read_client(user_id).search(index=",".join(all_indices(store.prefix)), query={"ids": {"values": targets}},
+    found = store.read_client(user_id).search(index=store.indices, query={"ids": {"values": targets}},
                                               size=len(targets), source_includes=["superseded_by"])
     pointer = {hit["_id"]: hit["_source"].get("superseded_by") for hit in found["hits"]["hits"]}
     return [hit for hit in hits if pointer.get(hit.id) is None

@@ -23,7 +23,7 @@ from . import constants as C
 from .clock import es_date
 from .errors import AlreadySuperseded, ConflictError, ValidationError
 from .memory import VECTOR_FIELDS, Owned, _index, build_document, owned
-from .schemas import all_indices, archive_name, index_name
+from .schemas import archive_name, index_name
 from .scoring import days
 from .store import Store
 from .validation import check_id, check_user
@@ -112,7 +112,7 @@ def _settled(store: Store, doc: Owned) -> bool:
     previous = list(doc.source.get("supersedes") or ())
     if not previous:
         return True
-    hits = store.es.search(index=",".join(all_indices(store.prefix)), query={"ids": {"values": previous}}, size=len(previous),
+    hits = store.es.search(index=store.indices, query={"ids": {"values": previous}}, size=len(previous),
                            source_includes=["superseded_by"])["hits"]["hits"]
     return all(hit["_source"].get("superseded_by") == doc.id for hit in hits)
 
@@ -162,7 +162,7 @@ def repair(store: Store, user_id: str | None = None) -> RepairReport:
 
 def _find(store: Store, doc_id: str) -> Owned | None:
     """A document by id in any of the prefix's indices, read with the service credential (repair only)."""
-    resp = store.es.search(index=f"{store.prefix}-*", query={"ids": {"values": [doc_id]}},
+    resp = store.es.search(index=store.indices, query={"ids": {"values": [doc_id]}},
                            seq_no_primary_term=True, source_excludes=list(VECTOR_FIELDS))
     hits = resp["hits"]["hits"]
     if not hits:
