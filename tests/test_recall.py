@@ -179,7 +179,8 @@ def test_bad_write_input_writes_nothing(store, bad):
 def test_a_100kb_message_as_query_is_recalled_on(store):
     """The pre-recall runs on the user's verbatim message, however long: BM25 uses its first words."""
     target = write_episode(store, "sarah", "The hub reset itself overnight", "s1")
-    message = "hub reset " + " ".join(f"filler{i}" for i in range(12_000))
+    # The prefix makes the message new to the on-disk embedding cache, which would otherwise skip the model.
+    message = f"hub reset {store.prefix} " + " ".join(f"filler{i}" for i in range(12_000))
     with pytest.warns(UserWarning):  # truncated for embedding, with a warning
         result = recall(store, "sarah", message, k=3, touch=False)
     assert target in result.ids()
