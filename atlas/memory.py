@@ -66,8 +66,8 @@ def embed_documents(store: Store, docs: Sequence[dict]) -> None:
         vectors = embedder.embed_passages(texts)
         for doc, vector in zip(docs, vectors):
             doc[field] = vector.tolist()
-    for doc in docs:
-        doc["embed_model"] = store.embedder.name
+        for doc in docs:
+            doc["embed_model"] = store.embedder.name
 
 
 def _provision(store: Store, user_ids: Iterable[str | None]) -> None:
