@@ -52,8 +52,8 @@ def _analyzers(es: Elasticsearch, index: str) -> str:
 
 
 def _language_analyzers(es: Elasticsearch, index: str) -> str:
-    es.indices.analyze(analyzer="english", text="running dogs")
-    return "english analyzer available"
+    es.indices.analyze(analyzer="french", text="chiens qui courent")
+    return "french analyzer available"
 
 
 def _function_score(es: Elasticsearch, index: str) -> str:
@@ -171,8 +171,9 @@ PROBES: list[tuple[str, str, Callable[[Elasticsearch, str], str], str]] = [
     ("partial update with if_seq_no", "POST idx/_update/id?if_seq_no=..&if_primary_term=..", _occ_update, ""),
     ("point in time + search_after", "POST idx/_pit; POST _search {pit, search_after}", _pit, ""),
     ("API key with DLS role descriptor", "POST _security/api_key {role_descriptors: {..query..}}", _dls_api_key, ""),
-    ("language analyzers (english, ...)", "POST _analyze {analyzer: english}", _language_analyzers,
-     "standard analyzer + a whitespace/lowercase subfield for exact tokens; dense vectors carry morphology"),
+    ("language analyzers other than english", "POST _analyze {analyzer: french}", _language_analyzers,
+     "`english` (stemming, stop words) comes from the atlas-analysis plugin; Atlas's text uses it, plus a "
+     "whitespace/lowercase subfield for exact tokens"),
     ("Painless scripts", "POST idx/_update/id {script: ...}", _painless,
      "decay, use boost and priors as native function_score functions; counters by partial update with if_seq_no"),
     ("rrf retriever", "POST idx/_search {retriever: {rrf: ...}}", _rrf,

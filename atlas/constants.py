@@ -38,10 +38,23 @@ RRF_WINDOW = 80
 KNN_NUM_CANDIDATES = 200
 #: How many fused candidates the second stage re-scores.
 RERANK_POOL = 40
-#: Weight of the second model's z-scored similarity against the first model's.
-RERANK_SECOND_WEIGHT = 1.0
-#: Weight of the fused-rank prior (z-scored RRF) in the second stage.
+#: Weight of the fused-rank prior (z-scored RRF) against the second model's z-scored similarity.
 RERANK_RRF_WEIGHT = 1.0
+#: Weights in the BM25 path, `text` (stemmed) having 1: `text.exact` (whole tokens such as "E-0x41";
+#: at full weight its unstemmed stop words outvote the content words) and `context` (the turn an
+#: episode replies to).
+EXACT_BOOST = 0.3
+CONTEXT_BOOST = 0.4
+#: Stop words of the `english` analyzer of `text` and `context`: Lucene's English set plus
+#: pronouns, auxiliaries and question words, which a question shares with every chatty turn.
+ENGLISH_STOPWORDS: tuple[str, ...] = tuple(sorted(set("""
+a an and are as at be but by for if in into is it no not of on or such that the their then there these they this
+to was will with i me my mine myself we us our ours ourselves you your yours yourself yourselves he him his himself
+she her hers herself its itself them theirs themselves what which who whom whose when where why how am were been
+being have has had having do does did doing done can could would should shall may might must about above after
+again against all any because before below between both during each few from further here more most other out over
+own same so some than too under until up very just only also nor off once while through down
+""".split())))
 MAX_K = 200
 #: Words of a query the BM25 path uses: a pasted 100 kB message would exceed the cluster's clause limit.
 MAX_QUERY_TERMS = 256

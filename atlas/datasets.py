@@ -9,6 +9,7 @@ notebook or CI run pays for indexing (and embedding, cached on disk) only once.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ KeyMap = dict[str, str]
 _LINK_FIELDS = ("supersedes_keys", "supporting_episode_keys")
 _DATE_FIELDS = ("timestamp", "created_at", "last_used_at", "last_success_at")
 #: What a loaded document is compared on to decide that the prefix already holds the data set.
-_STATE_FIELDS = ("text", "user_id", "supersedes", "superseded_by", "supporting_episode_ids")
+_STATE_FIELDS = ("text", "context", "user_id", "supersedes", "superseded_by", "supporting_episode_ids")
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,21 @@ def read_persona_questions(path: Path = PERSONA_DIR) -> list[PersonaQuestion]:
 # --- building documents (pure) ------------------------------------------------------------
 
 
-def persona_document(raw: Mapping) -> dict:
+def session_contexts(corpus: Sequence[Mapping]) -> dict[str, str]:
+    """key -> the text of the episode before it in its session, for episodes that have one.
+
+    The corpus holds the user's turns only, so a turn's context is the user's previous message,
+    the nearest stand-in for the assistant's answer it replied to.
+    """
+    sessions: dict[str, list[Mapping]] = {}
+    for raw in corpus:
+        if raw["memory_type"] == "episodic" and raw.get("session_id"):
+            sessions.setdefault(raw["session_id"], []).append(raw)
+    return {turn["key"]: before["text"] for turns in sessions.values()
+            for before, turn in itertools.pairwise(sorted(turns, key=lambda t: t["timestamp"]))}
+
+
+def persona_document(raw: Mapping, context: str | None = None) -> dict:
     """The stored form of one corpus line, without links (they need ids) and without vectors.
 
     Dates, counters and confidence are the data's; `build_document` fills only what a
@@ -93,7 +108,13 @@ def persona_document(raw: Mapping) -> dict:
     if raw["memory_type"] == "procedural":
         fields["success_rate"] = smoothed_success_rate(raw["success_count"], raw["failure_count"])
     return build_document(raw.get("user_id"), raw["text"], raw["memory_type"], written, source_key=raw["key"],
-                          **fields)
+                          context=context, **fields)
+
+
+def persona_documents(corpus: Sequence[Mapping]) -> list[dict]:
+    """Every corpus line as stored, each episode with its session context."""
+    contexts = session_contexts(corpus)
+    return [persona_document(raw, contexts.get(raw["key"])) for raw in corpus]
 
 
 def persona_links(corpus: Sequence[Mapping], ids: Mapping[str, str]) -> dict[str, dict]:
@@ -194,8 +215,7 @@ def load_once(store: Store, docs: Sequence[dict], name: str, *,
 def load_persona(store: Store, path: Path = PERSONA_DIR, *, progress: bool = True) -> KeyMap:
     """The persona corpus (4 users, shared catalog) with supersession applied; idempotent."""
     corpus = read_persona_corpus(path)
-    docs = [persona_document(raw) for raw in corpus]
-    return load_once(store, docs, f"the persona corpus ({path})", link=lambda ids: persona_links(corpus, ids),
+    return load_once(store, persona_documents(corpus), f"the persona corpus ({path})", link=lambda ids: persona_links(corpus, ids),
                      progress=progress)
 
 

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from . import constants as C
 from .connection import server_version
-from .datasets import (PERSONA_DIR, PERSONA_NOW, load_locomo, load_persona, locomo_documents, persona_document,
+from .datasets import (PERSONA_DIR, PERSONA_NOW, load_locomo, load_persona, locomo_documents, persona_documents,
                        read_persona_corpus, read_persona_questions)
 from .errors import AuthError
 from .locomo import ADVERSARIAL, CATEGORY_NAMES, MAIN_CATEGORIES, PAPER_REFERENCE, Conversation, questions
@@ -261,7 +261,7 @@ def evaluate_persona(store: Store, *, modes: Sequence[C.RecallMode] = C.RECALL_M
     rows = ask_all(store, asked, modes, PERSONA_KS, progress=progress)
     corpus = read_persona_corpus(path)
     return persona_report(rows, asked, {doc["key"]: doc["text"] for doc in corpus}, seed=seed) | {
-        "data_sha256": fingerprint([persona_document(doc) for doc in corpus], asked), "setup": setup(store, reads),
+        "data_sha256": fingerprint(persona_documents(corpus), asked), "setup": setup(store, reads),
         "seconds": time.perf_counter() - started}
 
 

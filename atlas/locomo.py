@@ -185,11 +185,13 @@ def turn_memories(conv: Conversation) -> list[dict[str, Any]]:
     """One episodic memory per turn, ready to write under the conversation's tenant.
 
     A session has one date, so turn i gets it plus i seconds: a recency sort then
-    keeps the dialog order.
+    keeps the dialog order. Each turn's `context` is the turn it replies to, the one before it
+    in its session, as an agent would pass its own last answer (`write_episode(context=...)`).
     """
     return [
         {
             "text": turn_text(turn),
+            "context": turn_text(session.turns[i - 1]) if i else None,
             "timestamp": (session.started_at + timedelta(seconds=i)).isoformat().replace("+00:00", "Z"),
             "session_id": f"{conv.sample_id}:session_{session.number}",
             "source_key": source_key(conv.sample_id, turn.dia_id),

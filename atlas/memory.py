@@ -59,9 +59,15 @@ def build_document(user_id: str | None, text: str, memory_type: C.MemoryType, no
     return doc
 
 
+def passage_text(doc: dict) -> str:
+    """What is embedded: the text, after the turn it replies to when there is one (a bare "yes, that
+    one" means nothing alone)."""
+    return f"{doc['context']}\n{doc['text']}" if doc.get("context") else doc["text"]
+
+
 def embed_documents(store: Store, docs: Sequence[dict]) -> None:
     """Fill every vector field of `docs` in place, in batches (the cache skips known texts)."""
-    texts = [doc["text"] for doc in docs]
+    texts = [passage_text(doc) for doc in docs]
     for field, embedder in store.passage_embedders.items():
         vectors = embedder.embed_passages(texts)
         for doc, vector in zip(docs, vectors):
@@ -89,11 +95,18 @@ def _index(store: Store, doc: dict, *, refresh: str | None = None) -> str:
 
 
 def write_episode(store: Store, user_id: str, text: str, session_id: str | None = None,
-                  ts: datetime | None = None) -> str:
-    """Store the user's turn verbatim before the model answers; visible to a recall in the same turn."""
+                  ts: datetime | None = None, context: str | None = None) -> str:
+    """Store the user's turn verbatim before the model answers; visible to a recall in the same turn.
+
+    `context` is the message the turn replies to (the assistant's last answer): stored beside
+    the text, searched at a lower weight and embedded with it.
+    """
     check_user(user_id)
     check_text(text)
-    doc = build_document(user_id, text, "episodic", store.now(), session_id=check_label(session_id, "session_id"))
+    if context is not None:
+        check_text(context, "context")
+    doc = build_document(user_id, text, "episodic", store.now(), session_id=check_label(session_id, "session_id"),
+                         context=context)
     if ts is not None:
         doc["timestamp"] = es_date(check_when(ts, "ts"))
     return _index(store, doc)

@@ -89,9 +89,10 @@ def build_filters(user_id: str, *, code_filter: bool = True, include_superseded:
 
 
 def build_bm25_body(query: str, filters: dict, now: datetime, params: ScoringParams, window: int) -> dict:
-    """BM25 over the text and its exact-token subfield (the first MAX_QUERY_TERMS words of the query)."""
+    """BM25 over the text, its exact-token subfield and the replied-to context (the first MAX_QUERY_TERMS words)."""
     query = " ".join(query.split()[:C.MAX_QUERY_TERMS])
-    match = {"multi_match": {"query": query, "fields": ["text", "text.exact"], "type": "most_fields"}}
+    match = {"multi_match": {"query": query, "fields": ["text", f"text.exact^{C.EXACT_BOOST}", f"context^{C.CONTEXT_BOOST}"],
+                             "type": "most_fields"}}
     inner = {"bool": {"must": [match], "filter": [filters]}}
     return {"size": window, "query": build_scored_query(inner, now, params), "seq_no_primary_term": True,
             "_source": {"excludes": list(VECTOR_FIELDS)}}
@@ -181,22 +182,19 @@ def settle_supersessions(store: Store, user_id: str, hits: list[Hit]) -> list[Hi
 # --- the second stage -------------------------------------------------------------------------
 
 
-def _second_stage(store: Store, user_id: str, query: str, pool: list[Hit], query_vector: np.ndarray | None,
-                  rrf_weight: float) -> None:
+def _second_stage(store: Store, user_id: str, query: str, pool: list[Hit], rrf_weight: float) -> None:
     """Re-score `pool` in place: rrf_weight * z(rrf) + second-stage score."""
     stage = store.second_stage
     assert stage is not None
-    vectors: dict[str, np.ndarray] = {}
+    vectors = None
     if stage.embedder is not None:
         docs = store.read_client(user_id).mget(docs=[{"_index": h.index, "_id": h.id} for h in pool],
-                                               source_includes=list(VECTOR_FIELDS))["docs"]
+                                               source_includes=["rerank_embedding"])["docs"]
         try:
-            for name in VECTOR_FIELDS:
-                vectors[name] = np.asarray([d["_source"][name] for d in docs], dtype=np.float32)
-        except KeyError as exc:
-            raise AtlasError(f"a candidate has no stored {exc.args[0]} (written before the second stage was set up)") from None
-    scores = stage.scores(query, [h.text for h in pool], vectors,
-                          {"embedding": query_vector} if query_vector is not None else {})
+            vectors = np.asarray([d["_source"]["rerank_embedding"] for d in docs], dtype=np.float32)
+        except KeyError:
+            raise AtlasError("a candidate has no stored rerank_embedding (written before the second stage was set up)") from None
+    scores = stage.scores(query, [h.text for h in pool], vectors)
     combined = rrf_weight * zscore(np.asarray([h.rrf for h in pool])) + scores
     for hit, second, final in zip(pool, scores, combined):
         hit.second, hit.score = float(second), float(final)
@@ -262,7 +260,7 @@ def recall(store: Store, user_id: str, query: str, k: int = 10, types: Sequence[
             started = time.perf_counter()
             head = hits[:pool]
             try:
-                _second_stage(store, user_id, query, head, query_vector, rrf_weight)
+                _second_stage(store, user_id, query, head, rrf_weight)
                 stage_name = store.second_stage.name
                 hits = head + hits[pool:]
             except AtlasError as exc:

@@ -3,7 +3,9 @@
 The default is not a cross-encoder: it is a second, different embedding model
 (multilingual-e5-small) whose passage vectors are stored at write time, so a recall
 costs one extra query embedding and a few dot products. Its z-scored similarity is
-added to the first model's. A local cross-encoder or an HTTP rerank endpoint
+added to the z-scored RRF score, which already carries the first model's vote (adding
+the first model's similarity again lost 0.04-0.05 Recall@5/10 on LoCoMo; see
+docs/evaluation.md). A local cross-encoder or an HTTP rerank endpoint
 (Elasticsearch `_inference/rerank`, Cohere/Jina-style `/rerank`) can replace it.
 """
 
@@ -18,7 +20,6 @@ from typing import Protocol
 import httpx
 import numpy as np
 
-from . import constants as C
 from .embed import Embedder, load_embedder
 from .errors import EmbeddingError
 
@@ -34,29 +35,24 @@ class SecondStage(Protocol):
     #: Model whose passage vectors are stored in `rerank_embedding` at write time, if any.
     embedder: Embedder | None
 
-    def scores(self, query: str, texts: Sequence[str], vectors: dict[str, np.ndarray],
-               query_vectors: dict[str, np.ndarray]) -> np.ndarray:
-        """One score per candidate, higher is better."""
+    def scores(self, query: str, texts: Sequence[str], vectors: np.ndarray | None) -> np.ndarray:
+        """One score per candidate, higher is better; `vectors` are the stored `rerank_embedding`s."""
         ...
 
 
 @dataclass
 class EmbeddingSecondStage:
-    """z(cos first model) + weight * z(cos second model), from stored vectors."""
+    """z(cos second model), from the stored passage vectors."""
 
     embedder: Embedder
-    weight: float = C.RERANK_SECOND_WEIGHT
 
     @property
     def name(self) -> str:
         return f"embedding:{self.embedder.name}"
 
-    def scores(self, query: str, texts: Sequence[str], vectors: dict[str, np.ndarray],
-               query_vectors: dict[str, np.ndarray]) -> np.ndarray:
-        second_query = self.embedder.embed_queries([query])[0]
-        first = vectors["embedding"] @ query_vectors["embedding"]
-        second = vectors["rerank_embedding"] @ second_query
-        return zscore(first) + self.weight * zscore(second)
+    def scores(self, query: str, texts: Sequence[str], vectors: np.ndarray | None) -> np.ndarray:
+        assert vectors is not None
+        return zscore(vectors @ self.embedder.embed_queries([query])[0])
 
 
 @dataclass
@@ -70,8 +66,7 @@ class CrossEncoderStage:
     def name(self) -> str:
         return f"cross-encoder:{self.path}"
 
-    def scores(self, query: str, texts: Sequence[str], vectors: dict[str, np.ndarray],
-               query_vectors: dict[str, np.ndarray]) -> np.ndarray:
+    def scores(self, query: str, texts: Sequence[str], vectors: np.ndarray | None) -> np.ndarray:
         try:
             from sentence_transformers import CrossEncoder
         except ImportError:
@@ -99,8 +94,7 @@ class HttpRerankStage:
             return {"query": query, "input": list(texts)}
         return {"query": query, "documents": list(texts), **({"model": self.model} if self.model else {})}
 
-    def scores(self, query: str, texts: Sequence[str], vectors: dict[str, np.ndarray],
-               query_vectors: dict[str, np.ndarray]) -> np.ndarray:
+    def scores(self, query: str, texts: Sequence[str], vectors: np.ndarray | None) -> np.ndarray:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
             resp = httpx.post(self.url, json=self.build_body(query, texts), headers=headers, timeout=self.timeout)

@@ -12,13 +12,14 @@ from collections.abc import Iterable
 
 from elasticsearch import Elasticsearch
 
+from . import constants as C
 from .constants import ARCHIVE_SUFFIX, MEMORY_TYPES, STATE_SUFFIX, MemoryType
 from .errors import SchemaMismatch, ValidationError
 
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
 
 #: Bumped when a mapping changes; stored in `_meta` so a mismatch names both versions.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 KEYWORD = {"type": "keyword"}
 DATE = {"type": "date"}
@@ -59,9 +60,12 @@ def memory_type_of(index: str, prefix: str) -> MemoryType:
 def common_mappings(dims: int, rerank_dims: int | None) -> dict:
     """Fields every memory index has, so that one query (and its decay functions) spans all."""
     properties: dict = {
-        # text.exact keeps tokens such as "E-0x41" or "17.4" whole: whitespace + lowercase.
-        "text": {"type": "text", "analyzer": "standard",
+        # text: stemmed, without stop words. text.exact keeps tokens such as "E-0x41" or "17.4"
+        # whole: whitespace + lowercase.
+        "text": {"type": "text", "analyzer": "atlas_english",
                  "fields": {"exact": {"type": "text", "analyzer": "atlas_exact"}}},
+        # The turn an episode replies to: searched (at CONTEXT_BOOST) and embedded with the text.
+        "context": {"type": "text", "analyzer": "atlas_english"},
         "embedding": {"type": "dense_vector", "dims": dims, "similarity": "cosine", "index": True,
                       "index_options": {"type": "hnsw", "m": 16, "ef_construction": 100}},
         "embed_model": KEYWORD,
@@ -114,8 +118,10 @@ def index_settings() -> dict:
         "number_of_replicas": 0,
         # Vectors stay in _source: the archive copies documents and the second stage reads them.
         "mapping": {"exclude_source_vectors": False},
-        "analysis": {"analyzer": {"atlas_exact": {"type": "custom", "tokenizer": "whitespace",
-                                                  "filter": ["lowercase"]}}},
+        "analysis": {"analyzer": {
+            "atlas_exact": {"type": "custom", "tokenizer": "whitespace", "filter": ["lowercase"]},
+            "atlas_english": {"type": "english", "stopwords": list(C.ENGLISH_STOPWORDS)},
+        }},
     }
 
 

@@ -101,7 +101,7 @@ def parse_args(model: type[ToolArgs], arguments: object) -> ToolArgs:
 
 #: Fields of a hit worth showing a model, per memory type (besides id, type, text, score, when).
 PAYLOAD_FIELDS: dict[str, tuple[str, ...]] = {
-    "episodic": ("session_id",),
+    "episodic": ("session_id", "context"),
     "semantic": ("fact_type", "confidence", "supersedes", "contradiction"),
     "procedural": ("name", "trigger", "steps", "refined_steps", "success_rate", "success_count", "failure_count"),
     "catalog": ("title", "category"),

@@ -46,6 +46,16 @@ def test_without_a_model_the_turn_still_stores_and_recalls(store):
     assert "Beacon" in result.messages[-1]["content"]
 
 
+def test_a_turn_is_stored_with_the_reply_it_answers(store):
+    with scripted_llm([text("Which sensor did Biscuit chew?"), text("Thanks, noted.")]) as stub:
+        agent = Agent(store, "sarah", settings=online(store, stub))
+        first = agent.turn("Biscuit chewed a cable again")
+        second = agent.turn("The one on the back door")
+    get = lambda turn: store.es.get(index=f"{store.prefix}-episodic", id=turn.episode_id)["_source"]  # noqa: E731
+    assert "context" not in get(first)
+    assert get(second)["context"] == "Which sensor did Biscuit chew?"
+
+
 def test_scripted_supersession_through_the_loop(store):
     old = write_memory(store, "sarah", "Sarah lives in Bristol", "semantic", fact_type="location")
     message = "We moved to Edinburgh last month for James's job"
@@ -71,7 +81,7 @@ def test_scripted_supersession_through_the_loop(store):
     assert source["superseded_by"] == new
     assert json.loads(stub.requests[1]["messages"][-1]["content"])["superseded"] == [old]
     store.es.indices.refresh(index=store.indices)
-    assert store.es.count(index=store.indices, query={"match_phrase": {"text": "Edinburgh it is"}})["count"] == 0
+    assert store.es.count(index=store.indices, query={"match_phrase": {"text.exact": "Edinburgh it is!"}})["count"] == 0
 
 
 def test_bad_tool_arguments_go_back_to_the_model(store):

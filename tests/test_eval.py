@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 from atlas import constants as C
 from atlas import results
 from atlas.cli import app
-from atlas.datasets import (PERSONA_NOW, load_persona, persona_document, persona_links, read_persona_corpus,
-                            read_persona_questions, stored_state)
+from atlas.datasets import (PERSONA_NOW, load_persona, persona_document, persona_documents, persona_links,
+                            read_persona_corpus, read_persona_questions, stored_state)
 from atlas.errors import AtlasError
 from atlas.evaluate import PERSONA_GATE, EvalQuestion, evaluate_locomo, evaluate_persona, score
 from atlas.locomo import PAPER_REFERENCE, default_path, load_conversations
@@ -104,6 +104,15 @@ def test_persona_documents_keep_the_data():
     assert playbook["success_rate"] == pytest.approx(0.75) and len(playbook["steps"]) == 7
     catalog = persona_document(corpus["cat-0001"])
     assert "user_id" not in catalog and catalog["tags"] and catalog["title"] == "Lumio Hub v1"
+
+
+def test_an_episode_carries_the_previous_turn_of_its_session():
+    corpus = read_persona_corpus()
+    by_key = {doc["source_key"]: doc for doc in persona_documents(corpus)}
+    first, second = by_key["sarah-ep-031"], by_key["sarah-ep-032"]
+    assert "context" not in first and second["context"] == first["text"]
+    assert by_key["sarah-ep-034"]["context"] == by_key["sarah-ep-033"]["text"]
+    assert all("context" not in doc for doc in by_key.values() if doc["memory_type"] != "episodic")
 
 
 def test_persona_links_both_ways():

@@ -5,10 +5,11 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
+import numpy as np
 import pytest
 
 from atlas.errors import NotFound, ValidationError
-from atlas.memory import build_document, bulk_load, forget_memory, write_episode, write_memory
+from atlas.memory import build_document, bulk_load, forget_memory, passage_text, write_episode, write_memory
 from atlas.recall import build_recall_requests, recall, rrf_fuse, to_kibana
 
 from .conftest import NOW
@@ -184,3 +185,31 @@ def test_a_100kb_message_as_query_is_recalled_on(store):
     with pytest.warns(UserWarning):  # truncated for embedding, with a warning
         result = recall(store, "sarah", message, k=3, touch=False)
     assert target in result.ids()
+
+
+def test_english_analysis_drops_question_words_and_stems(store):
+    tokens = store.es.indices.analyze(index=f"{store.prefix}-episodic", analyzer="atlas_english",
+                                      text="Where has Gina's team camped?")["tokens"]
+    assert [t["token"] for t in tokens] == ["gina", "team", "camp"]
+    target = write_episode(store, "sarah", "We went camping in the Cairngorms with the kids", "s1")
+    write_episode(store, "sarah", "Where did you put the hub manual?", "s1")
+    assert recall(store, "sarah", "Where has Sarah camped?", k=1, mode="bm25", touch=False).ids() == [target]
+
+
+def test_episode_context_is_searched_and_embedded(store):
+    question = "Assistant: Which cable did Biscuit chew through this time?"
+    target = write_episode(store, "sarah", "The blue one by the back door", "s1", context=question)
+    write_episode(store, "sarah", "The blue kettle is new", "s1")
+    source = store.es.get(index=f"{store.prefix}-episodic", id=target)["_source"]
+    assert source["text"] == "The blue one by the back door" and source["context"] == question
+    assert np.allclose(source["embedding"], store.embedder.embed_passages([passage_text(source)])[0], atol=1e-5)
+    assert passage_text(source) == f"{question}\nThe blue one by the back door"
+    hits = recall(store, "sarah", "which cable did the dog chew", k=2, mode="bm25", touch=False)
+    assert hits.ids()[0] == target and hits.hits[0].text == "The blue one by the back door"
+
+
+def test_empty_context_writes_nothing(store):
+    with pytest.raises(ValidationError, match="context"):
+        write_episode(store, "sarah", "The blue one", "s1", context="  ")
+    store.es.indices.refresh(index=f"{store.prefix}-episodic")
+    assert store.es.count(index=f"{store.prefix}-episodic")["count"] == 0

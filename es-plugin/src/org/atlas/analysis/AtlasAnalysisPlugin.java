@@ -4,14 +4,20 @@ import java.util.Map;
 import java.util.function.UnaryOperator;
 import java.util.regex.Pattern;
 
+import org.apache.lucene.analysis.Analyzer;
+import org.apache.lucene.analysis.CharArraySet;
 import org.apache.lucene.analysis.TokenStream;
 import org.apache.lucene.analysis.core.WhitespaceTokenizer;
 import org.apache.lucene.analysis.email.UAX29URLEmailTokenizer;
+import org.apache.lucene.analysis.en.EnglishAnalyzer;
 import org.apache.lucene.analysis.pattern.PatternCaptureGroupTokenFilter;
 import org.apache.lucene.analysis.standard.StandardAnalyzer;
 import org.elasticsearch.common.settings.Settings;
 import org.elasticsearch.env.Environment;
 import org.elasticsearch.index.IndexSettings;
+import org.elasticsearch.index.analysis.AbstractIndexAnalyzerProvider;
+import org.elasticsearch.index.analysis.Analysis;
+import org.elasticsearch.index.analysis.AnalyzerProvider;
 import org.elasticsearch.index.analysis.TokenFilterFactory;
 import org.elasticsearch.index.analysis.TokenizerFactory;
 import org.elasticsearch.indices.analysis.AnalysisModule.AnalysisProvider;
@@ -25,9 +31,10 @@ import org.elasticsearch.plugins.Plugin;
  * {@code analysis-common} module. The {@code email} analyzer of the {@code .security} system
  * index uses its {@code uax_url_email} tokenizer and its {@code pattern_capture} and
  * {@code unique} token filters, so without them that index cannot be created: no API keys,
- * no native roles. Atlas's own indices use its {@code whitespace} tokenizer. This plugin
- * registers just those four, on top of Lucene's own implementations ({@code lowercase} is
- * built into the server).
+ * no native roles. Atlas's own indices use its {@code whitespace} tokenizer and its
+ * {@code english} analyzer (BM25 over stemmed text without stop words). This plugin registers
+ * just those five, under the same names and settings as {@code analysis-common}, on top of
+ * Lucene's own implementations ({@code lowercase} is built into the server).
  */
 public class AtlasAnalysisPlugin extends Plugin implements AnalysisPlugin {
 
@@ -47,6 +54,25 @@ public class AtlasAnalysisPlugin extends Plugin implements AnalysisPlugin {
                     return tokenizer;
                 });
             });
+    }
+
+    /**
+     * Lucene's EnglishAnalyzer: standard tokenizer, possessive 's removed, lowercase, stop words
+     * (setting {@code stopwords}, default {@code _english_}), {@code stem_exclusion}, Porter stemmer.
+     */
+    @Override
+    public Map<String, AnalysisProvider<AnalyzerProvider<? extends Analyzer>>> getAnalyzers() {
+        return Map.of("english", (indexSettings, env, name, settings) -> {
+            CharArraySet stopwords = Analysis.parseStopWords(env, settings, EnglishAnalyzer.getDefaultStopSet());
+            CharArraySet excluded = Analysis.parseStemExclusion(settings, CharArraySet.EMPTY_SET);
+            EnglishAnalyzer analyzer = new EnglishAnalyzer(stopwords, excluded);
+            return new AbstractIndexAnalyzerProvider<EnglishAnalyzer>(name) {
+                @Override
+                public EnglishAnalyzer get() {
+                    return analyzer;
+                }
+            };
+        });
     }
 
     private static int maxTokenLength(Settings settings) {
