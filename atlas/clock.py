@@ -6,7 +6,9 @@ reads the wall clock, here.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+import calendar
+import re
+from datetime import datetime, timedelta, timezone
 
 
 def utcnow() -> datetime:
@@ -26,3 +28,112 @@ def es_date(moment: datetime) -> str:
 def parse_date(text: str) -> datetime:
     """The inverse of `es_date`; also accepts plain ISO 8601 with or without a zone."""
     return as_utc(datetime.fromisoformat(text.replace("Z", "+00:00")))
+
+
+# --- time expressions in a question ------------------------------------------------------------
+
+#: A [start, end) span of time.
+Period = tuple[datetime, datetime]
+
+_MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
+           "november", "december")
+#: Northern-hemisphere seasons: first month (1-12) and length in months.
+_SEASONS = {"spring": 3, "summer": 6, "autumn": 9, "fall": 9, "winter": 12}
+_MONTH = r"(?P<month>" + "|".join(m for m in _MONTHS) + r"|sept?|jan|feb|mar|apr|jun|jul|aug|oct|nov|dec)\.?"
+_DAY = r"(?P<day>[0-3]?\d)(?:st|nd|rd|th)?"
+_YEAR = r"(?P<year>(?:19|20)\d\d)(?![.\d])"
+_PATTERNS = [
+    re.compile(rf"\b{_DAY}\s+{_MONTH},?\s+{_YEAR}", re.I),
+    re.compile(rf"\b{_MONTH}\s+{_DAY},?\s+{_YEAR}", re.I),
+    re.compile(rf"\b{_MONTH}\s+{_YEAR}", re.I),
+    re.compile(rf"\b(?P<season>spring|summer|autumn|fall|winter)\s+(?:of\s+)?{_YEAR}", re.I),
+    re.compile(rf"\b{_MONTH}\b", re.I),
+    re.compile(r"\b(?P<season>spring|summer|autumn|fall|winter)\b", re.I),
+    re.compile(rf"\b(?:in|of|since|during|from|back in)\s+{_YEAR}", re.I),
+    re.compile(r"\b(?P<relative>yesterday|today|last week|a week ago|last month|(?:a couple of|a few|\d+) days ago)\b",
+               re.I),
+]
+#: Words that are also month names: counted as months only when written as one ("May", "in march").
+_AMBIGUOUS = {"may", "march", "mar", "jan", "dec", "oct", "nov", "aug"}
+
+
+def _month_start(year: int, month: int) -> datetime:
+    year, month = year + (month - 1) // 12, (month - 1) % 12 + 1
+    return datetime(year, month, 1, tzinfo=timezone.utc)
+
+
+def _month_number(name: str) -> int:
+    return next(i for i, full in enumerate(_MONTHS, start=1) if full.startswith(name.lower().rstrip(".")[:3]))
+
+
+def _latest(first_month: int, months: int, now: datetime) -> Period:
+    """The latest span of `months` months starting in `first_month` that has begun by `now`."""
+    start = _month_start(now.year, first_month)
+    if start > now:
+        start = _month_start(now.year - 1, first_month)
+    return start, _month_start(start.year, start.month + months)
+
+
+def _relative(phrase: str, now: datetime) -> Period:
+    today = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    phrase = phrase.lower()
+    if phrase == "today":
+        return today, today + timedelta(days=1)
+    if phrase == "yesterday":
+        return today - timedelta(days=1), today
+    if phrase in ("last week", "a week ago"):
+        return today - timedelta(days=14), today - timedelta(days=3)
+    if phrase == "last month":
+        first = _month_start(today.year, today.month)
+        return _month_start(first.year, first.month - 1), first
+    count = {"a couple of": 2, "a few": 3}.get(phrase.removesuffix(" days ago"))
+    n = count or int(phrase.split()[0])
+    return today - timedelta(days=n + 2), today - timedelta(days=max(n - 1, 0))
+
+
+def _period(match: re.Match, text: str, now: datetime) -> Period | None:
+    found = match.groupdict()
+    if found.get("relative"):
+        return _relative(found["relative"], now)
+    year = int(found["year"]) if found.get("year") else None
+    if found.get("season"):
+        first = _SEASONS[found["season"].lower()]
+        if year is None:
+            return _latest(first, 3, now)
+        start = _month_start(year, first)
+        return start, _month_start(year, first + 3)
+    if found.get("month"):
+        word = match.group("month")
+        if word.lower().rstrip(".") in _AMBIGUOUS and word.islower() and year is None and \
+                not re.search(r"\b(in|since|during|until|early|late|mid|last|this)\s+$", text[:match.start()], re.I):
+            return None
+        month = _month_number(word)
+        if year is None:
+            return _latest(month, 1, now)
+        if found.get("day"):
+            number = int(found["day"])
+            if not 1 <= number <= calendar.monthrange(year, month)[1]:
+                return None
+            day = datetime(year, month, number, tzinfo=timezone.utc)
+            return day, day + timedelta(days=1)
+        return _month_start(year, month), _month_start(year, month + 1)
+    return datetime(year, 1, 1, tzinfo=timezone.utc), datetime(year + 1, 1, 1, tzinfo=timezone.utc)
+
+
+def mentioned_period(text: str, now: datetime) -> Period | None:
+    """The span of time a question names ("in June 2024", "last week", "this spring"), or None.
+
+    Calendar names without a year mean their latest occurrence by `now`; several
+    expressions give the span that covers them all. Used to boost episodes said then.
+    """
+    spans, taken = [], []
+    for pattern in _PATTERNS:
+        for match in pattern.finditer(text):
+            if any(a <= match.start() < b for a, b in taken):
+                continue
+            taken.append((match.start(), match.end()))  # an impossible date is not read again as its month
+            if (span := _period(match, text, as_utc(now))) is not None:
+                spans.append(span)
+    if not spans:
+        return None
+    return min(s for s, _ in spans), max(e for _, e in spans)

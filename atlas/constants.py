@@ -69,6 +69,8 @@ DECAY_AT_SCALE = 0.5
 USE_COUNT_WEIGHT = 0.2
 #: Catalog documents are world data, a little below a user's own memory.
 CATALOG_SOURCE_PRIOR = 0.85
+#: Episodes said within the period a question names ("in June 2024", "last week"): score x PERIOD_BOOST.
+PERIOD_BOOST = 2.0
 #: Confidence taken off a fact written with contradiction="harsh".
 SUPERSEDE_CONFIDENCE_PENALTY = 0.1
 #: Procedural success-rate multiplier (smoothed); 0 switches it off (the reference default).

@@ -19,6 +19,7 @@ from datetime import datetime
 import numpy as np
 
 from . import constants as C
+from .clock import Period, mentioned_period
 from .errors import AtlasError
 from .memory import VECTOR_FIELDS, Owned, record_use
 from .rerank import zscore
@@ -67,6 +68,8 @@ class RecallResult:
     timings: dict[str, float]
     #: The `_msearch` body, header and search per path.
     requests: list[dict]
+    #: The period the query names, whose episodes were boosted (`atlas.clock.mentioned_period`), if any.
+    period: Period | None = None
 
     def ids(self) -> list[str]:
         return [hit.id for hit in self.hits]
@@ -88,22 +91,23 @@ def build_filters(user_id: str, *, code_filter: bool = True, include_superseded:
     return {"bool": clauses}
 
 
-def build_bm25_body(query: str, filters: dict, now: datetime, params: ScoringParams, window: int) -> dict:
+def build_bm25_body(query: str, filters: dict, now: datetime, params: ScoringParams, window: int,
+                    period: Period | None = None) -> dict:
     """BM25 over the text, its exact-token subfield and the replied-to context (the first MAX_QUERY_TERMS words)."""
     query = " ".join(query.split()[:C.MAX_QUERY_TERMS])
     match = {"multi_match": {"query": query, "fields": ["text", f"text.exact^{C.EXACT_BOOST}", f"context^{C.CONTEXT_BOOST}"],
                              "type": "most_fields"}}
     inner = {"bool": {"must": [match], "filter": [filters]}}
-    return {"size": window, "query": build_scored_query(inner, now, params), "seq_no_primary_term": True,
+    return {"size": window, "query": build_scored_query(inner, now, params, period), "seq_no_primary_term": True,
             "_source": {"excludes": list(VECTOR_FIELDS)}}
 
 
 def build_knn_body(vector: Sequence[float], filters: dict, now: datetime, params: ScoringParams, window: int,
-                   num_candidates: int = C.KNN_NUM_CANDIDATES) -> dict:
+                   period: Period | None = None, num_candidates: int = C.KNN_NUM_CANDIDATES) -> dict:
     """kNN as a query (not the top-level `knn` section) so that it can sit inside function_score."""
     knn = {"knn": {"field": "embedding", "query_vector": [round(float(x), 6) for x in vector], "k": window,
                    "num_candidates": max(window, num_candidates), "filter": [filters]}}
-    return {"size": window, "query": build_scored_query(knn, now, params), "seq_no_primary_term": True,
+    return {"size": window, "query": build_scored_query(knn, now, params, period), "seq_no_primary_term": True,
             "_source": {"excludes": list(VECTOR_FIELDS)}}
 
 
@@ -118,14 +122,15 @@ def paths_of(mode: C.RecallMode) -> tuple[str, ...]:
 
 def build_recall_requests(store: Store, user_id: str, query: str, *, mode: C.RecallMode,
                           types: Sequence[C.MemoryType], include_superseded: bool, now: datetime,
-                          params: ScoringParams, window: int, query_vector: Sequence[float] | None) -> list[dict]:
+                          params: ScoringParams, window: int, query_vector: Sequence[float] | None,
+                          period: Period | None = None) -> list[dict]:
     """[{"path", "header", "body"}] of one `_msearch`: one search per retrieval path."""
     header = {"index": recall_indices(store, types, include_superseded), "ignore_unavailable": True}
     filters = build_filters(user_id, code_filter=store.code_filter, include_superseded=include_superseded)
     requests = []
     for path in paths_of(mode):
-        body = build_bm25_body(query, filters, now, params, window) if path == "bm25" else \
-            build_knn_body(query_vector, filters, now, params, window)  # type: ignore[arg-type]
+        body = build_bm25_body(query, filters, now, params, window, period) if path == "bm25" else \
+            build_knn_body(query_vector, filters, now, params, window, period)  # type: ignore[arg-type]
         requests.append({"path": path, "header": header, "body": body})
     return requests
 
@@ -229,9 +234,10 @@ def recall(store: Store, user_id: str, query: str, k: int = 10, types: Sequence[
     started = time.perf_counter()
     query_vector = store.embedder.embed_queries([query])[0] if mode != "bm25" else None
     timings["embed"] = time.perf_counter() - started
+    period = mentioned_period(query, now)
     requests = build_recall_requests(store, user_id, query, mode=mode, types=checked_types,
                                      include_superseded=include_superseded, now=now, params=params,
-                                     window=max(window, k), query_vector=query_vector)
+                                     window=max(window, k), query_vector=query_vector, period=period)
     started = time.perf_counter()
     searches = [part for r in requests for part in (r["header"], r["body"])]
     responses = store.read_client(user_id).msearch(searches=searches)["responses"]
@@ -271,7 +277,7 @@ def recall(store: Store, user_id: str, query: str, k: int = 10, types: Sequence[
         facts = [Owned(h.id, h.index, h.source, h.seq_no, h.primary_term) for h in hits
                  if h.memory_type == "semantic" and h.current and h.user_id == user_id]
         record_use(store, user_id, facts)
-    return RecallResult(user_id, query, mode, hits, stage_name, note, timings, requests)
+    return RecallResult(user_id, query, mode, hits, stage_name, note, timings, requests, period)
 
 
 def pre_recall(store: Store, user_id: str, message: str, k: int = 8) -> RecallResult:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from . import constants as C
-from .clock import es_date
+from .clock import Period, es_date
 from .errors import ValidationError
 
 
@@ -28,6 +28,7 @@ class ScoringParams:
     use_count_weight: float = C.USE_COUNT_WEIGHT
     catalog_source_prior: float = C.CATALOG_SOURCE_PRIOR
     procedural_success_weight: float = C.PROCEDURAL_SUCCESS_WEIGHT
+    period_boost: float = C.PERIOD_BOOST
 
     def with_(self, **changes: object) -> ScoringParams:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -73,10 +74,10 @@ def smoothed_success_rate(successes: int, failures: int, a: float = C.PROCEDURAL
 
 
 def multiplier(memory_type: str, *, age_days: float = 0.0, use_count: int = 0, success_rate: float = 0.5,
-               params: ScoringParams = DEFAULT_PARAMS) -> float:
-    """The factor a document's relevance score is multiplied by."""
+               in_period: bool = False, params: ScoringParams = DEFAULT_PARAMS) -> float:
+    """The factor a document's relevance score is multiplied by (`in_period`: said in the period the query names)."""
     if memory_type == "episodic":
-        return recency(age_days, params)
+        return recency(age_days, params) * (params.period_boost if in_period else 1.0)
     if memory_type == "semantic":
         return recency(age_days, params) * use_boost(use_count, params)
     if memory_type == "catalog":
@@ -93,8 +94,12 @@ def _of_type(memory_type: str) -> dict:
     return {"term": {"memory_type": memory_type}}
 
 
-def build_scored_query(query: dict, now: datetime, params: ScoringParams = DEFAULT_PARAMS) -> dict:
-    """Wrap a retrieval query in the multipliers. One hook for every path (BM25, kNN)."""
+def build_scored_query(query: dict, now: datetime, params: ScoringParams = DEFAULT_PARAMS,
+                       period: Period | None = None) -> dict:
+    """Wrap a retrieval query in the multipliers. One hook for every path (BM25, kNN).
+
+    `period` (from `atlas.clock.mentioned_period`) multiplies episodes said within it by `period_boost`.
+    """
     origin = es_date(now)
     gauss = {"origin": origin, "offset": params.decay_offset, "scale": params.decay_scale,
              "decay": params.decay_at_scale}
@@ -109,6 +114,10 @@ def build_scored_query(query: dict, now: datetime, params: ScoringParams = DEFAU
         {"filter": _of_type(memory_type), "gauss": {field: gauss}} for memory_type, field in DECAY_FIELD.items()
     ]
     functions.append({"filter": _of_type("catalog"), "weight": params.catalog_source_prior})
+    if period is not None and params.period_boost != 1:
+        start, end = period
+        functions.append({"filter": {"range": {"timestamp": {"gte": es_date(start), "lt": es_date(end)}}},
+                          "weight": params.period_boost})
     inner = use
     if params.procedural_success_weight:
         w = params.procedural_success_weight

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticError
 
 from . import constants as C
+from .clock import es_date
 from .errors import AtlasError, ValidationError
 from .memory import forget_memory, write_memory
 from .recall import Hit, RecallResult, recall
@@ -124,6 +125,8 @@ def hit_payload(hit: Hit) -> dict:
 def recall_payload(result: RecallResult) -> dict:
     """What `recall_memory` returns; the agent injects the same for its pre-recall."""
     payload: dict[str, Any] = {"query": result.query, "memories": [hit_payload(h) for h in result.hits]}
+    if result.period:
+        payload["period"] = [es_date(moment) for moment in result.period]  # episodes said then were boosted
     if result.note:
         payload["note"] = result.note
     return payload

@@ -10,7 +10,9 @@ import pytest
 from atlas.agent import PRE_RECALL_CALL_ID, SYSTEM_PROMPT, Agent
 from atlas.constants import CONTRADICTIONS, MEMORY_TYPES
 from atlas.errors import LLMError
-from atlas.memory import write_memory
+from atlas.memory import write_episode, write_memory
+from atlas.recall import recall
+from atlas.tools import recall_payload
 
 from .llm_stub import scripted_llm, text, tool_calls
 
@@ -44,6 +46,13 @@ def test_without_a_model_the_turn_still_stores_and_recalls(store):
     assert any("Beacon" in h.text for h in result.pre_recall.hits)
     assert result.messages[-2]["tool_calls"][0]["function"]["name"] == "recall_memory"
     assert "Beacon" in result.messages[-1]["content"]
+
+
+def test_the_recall_payload_names_the_period_it_boosted(store):
+    write_episode(store, "sarah", "The porch light flickered all night", "s1")
+    named = recall_payload(recall(store, "sarah", "what did I say about the porch light yesterday?", touch=False))
+    assert named["period"] == ["2026-10-31T00:00:00.000Z", "2026-11-01T00:00:00.000Z"]
+    assert "period" not in recall_payload(recall(store, "sarah", "the porch light", touch=False))
 
 
 def test_a_turn_is_stored_with_the_reply_it_answers(store):

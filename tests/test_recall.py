@@ -213,3 +213,14 @@ def test_empty_context_writes_nothing(store):
         write_episode(store, "sarah", "The blue one", "s1", context="  ")
     store.es.indices.refresh(index=f"{store.prefix}-episodic")
     assert store.es.count(index=f"{store.prefix}-episodic")["count"] == 0
+
+
+def test_a_named_month_lifts_the_episodes_said_then(store):
+    july = write_episode(store, "sarah", "We went camping by the loch with the kids", "s1", ts=NOW - timedelta(days=120))
+    june = write_episode(store, "sarah", "We went camping in the hills with the kids", "s2", ts=NOW - timedelta(days=150))
+    plain = recall(store, "sarah", "where did we go camping?", k=2, touch=False)
+    assert plain.period is None and plain.ids()[0] == july, "the fixture no longer prefers July without a month"
+    named = recall(store, "sarah", "where did we go camping in June?", k=2, touch=False)
+    assert named.period is not None and named.period[0].month == 6
+    assert named.ids() == [june, july]
+    assert '"range": {"timestamp"' in to_kibana(named.requests)

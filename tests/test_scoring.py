@@ -73,3 +73,17 @@ def test_sweepable_params_change_the_decay(store):
     params = store.params.with_(decay_offset="30d", decay_scale="365d")
     assert _measured(store, params)["old"] == pytest.approx(recency(1000, params), abs=1e-3)
     assert recency(1000, params) < recency(1000)
+
+
+def test_period_boost_matches_the_formula(store):
+    june, july = NOW - timedelta(days=150), NOW - timedelta(days=120)
+    bulk_load(store, [build_document("u", "camping trip", "episodic", NOW, timestamp=when, source_key=key)
+                      for key, when in (("june", june), ("july", july))], progress=False)
+    period = (june - timedelta(days=1), june + timedelta(days=1))
+    query = build_scored_query({"constant_score": {"filter": {"match_all": {}}, "boost": 1.0}}, NOW, store.params,
+                               period)
+    hits = store.es.search(index=store.indices, query=query, source_includes=["source_key"])["hits"]["hits"]
+    measured = {h["_source"]["source_key"]: h["_score"] for h in hits}
+    assert measured["june"] == pytest.approx(multiplier("episodic", age_days=150, in_period=True), abs=1e-3)
+    assert measured["july"] == pytest.approx(multiplier("episodic", age_days=120), abs=1e-3)
+    assert measured["june"] == pytest.approx(2 * measured["july"], abs=1e-3)
