@@ -53,8 +53,14 @@ _PATTERNS = [
     re.compile(r"\b(?P<relative>yesterday|today|last week|a week ago|last month|(?:a couple of|a few|\d+) days ago)\b",
                re.I),
 ]
-#: Words that are also month names: counted as months only when written as one ("May", "in march").
-_AMBIGUOUS = {"may", "march", "mar", "jan", "dec", "oct", "nov", "aug"}
+#: Calendar names that are also common words: counted only when capitalised or after a word such as "in"
+#: ("May", "in march", "this fall"; not "may I", "did it fall off").
+_AMBIGUOUS = {"may", "march", "mar", "jan", "dec", "oct", "nov", "aug", "fall"}
+_CALENDAR_CUE = re.compile(r"\b(in|since|during|until|early|late|mid|last|this|the)\s+$", re.I)
+
+
+def _meant_as_date(word: str, before: str) -> bool:
+    return word.lower().rstrip(".") not in _AMBIGUOUS or not word.islower() or bool(_CALENDAR_CUE.search(before))
 
 
 def _month_start(year: int, month: int) -> datetime:
@@ -99,15 +105,13 @@ def _period(match: re.Match, text: str, now: datetime) -> Period | None:
     if found.get("season"):
         first = _SEASONS[found["season"].lower()]
         if year is None:
-            return _latest(first, 3, now)
+            return _latest(first, 3, now) if _meant_as_date(found["season"], text[:match.start()]) else None
         start = _month_start(year, first)
         return start, _month_start(year, first + 3)
     if found.get("month"):
-        word = match.group("month")
-        if word.lower().rstrip(".") in _AMBIGUOUS and word.islower() and year is None and \
-                not re.search(r"\b(in|since|during|until|early|late|mid|last|this)\s+$", text[:match.start()], re.I):
+        if year is None and not _meant_as_date(found["month"], text[:match.start()]):
             return None
-        month = _month_number(word)
+        month = _month_number(found["month"])
         if year is None:
             return _latest(month, 1, now)
         if found.get("day"):

@@ -38,6 +38,7 @@ def test_periods(question: str, start: str, end: str) -> None:
 @pytest.mark.parametrize("question", [
     "may I ask about the hub?",          # a verb, not the month
     "march the dog round the block",
+    "did the sensor fall off the wall?",
     "what does firmware 2024.1 fix?",    # a version, not a year
     "Where did Caroline move from 4 years ago?",
     "What did Gina find on 31 February, 2023?",
@@ -45,6 +46,10 @@ def test_periods(question: str, start: str, end: str) -> None:
 ])
 def test_no_period(question: str) -> None:
     assert mentioned_period(question, NOW) is None
+
+
+def test_fall_after_a_calendar_word_is_the_season() -> None:
+    assert mentioned_period("what broke this fall?", NOW) == (day("2026-09-01"), day("2026-12-01"))
 
 
 def test_a_capitalised_may_is_a_month() -> None:
