@@ -215,8 +215,8 @@ def load_once(store: Store, docs: Sequence[dict], name: str, *,
 def load_persona(store: Store, path: Path = PERSONA_DIR, *, progress: bool = True) -> KeyMap:
     """The persona corpus (4 users, shared catalog) with supersession applied; idempotent."""
     corpus = read_persona_corpus(path)
-    return load_once(store, persona_documents(corpus), f"the persona corpus ({path})", link=lambda ids: persona_links(corpus, ids),
-                     progress=progress)
+    return load_once(store, persona_documents(corpus), f"the persona corpus ({path})",
+                     link=lambda ids: persona_links(corpus, ids), progress=progress)
 
 
 def load_locomo(store: Store, conversations: Sequence[Conversation], *, progress: bool = True) -> KeyMap:

@@ -95,8 +95,8 @@ def build_bm25_body(query: str, filters: dict, now: datetime, params: ScoringPar
                     period: Period | None = None) -> dict:
     """BM25 over the text, its exact-token subfield and the replied-to context (the first MAX_QUERY_TERMS words)."""
     query = " ".join(query.split()[:C.MAX_QUERY_TERMS])
-    match = {"multi_match": {"query": query, "fields": ["text", f"text.exact^{C.EXACT_BOOST}", f"context^{C.CONTEXT_BOOST}"],
-                             "type": "most_fields"}}
+    fields = ["text", f"text.exact^{C.EXACT_BOOST}", f"context^{C.CONTEXT_BOOST}"]
+    match = {"multi_match": {"query": query, "fields": fields, "type": "most_fields"}}
     inner = {"bool": {"must": [match], "filter": [filters]}}
     return {"size": window, "query": build_scored_query(inner, now, params, period), "seq_no_primary_term": True,
             "_source": {"excludes": list(VECTOR_FIELDS)}}
@@ -198,7 +198,8 @@ def _second_stage(store: Store, user_id: str, query: str, pool: list[Hit], rrf_w
         try:
             vectors = np.asarray([d["_source"]["rerank_embedding"] for d in docs], dtype=np.float32)
         except KeyError:
-            raise AtlasError("a candidate has no stored rerank_embedding (written before the second stage was set up)") from None
+            raise AtlasError("a candidate has no stored rerank_embedding "
+                             "(written before the second stage was set up)") from None
     scores = stage.scores(query, [h.text for h in pool], vectors)
     combined = rrf_weight * zscore(np.asarray([h.rrf for h in pool])) + scores
     for hit, second, final in zip(pool, scores, combined):
