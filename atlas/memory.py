@@ -116,11 +116,20 @@ def write_memory(store: Store, user_id: str, text: str, memory_type: C.MemoryTyp
                  supersedes_id: str | Sequence[str] | None = None, contradiction: C.Contradiction = "natural",
                  fact_type: C.FactType | None = None, confidence: float = 1.0,
                  supporting_episode_ids: Sequence[str] = (), session_id: str | None = None,
-                 name: str | None = None, trigger: str | None = None, steps: Sequence[str] | None = None) -> str:
-    """Write a fact, playbook or episode; with `supersedes_id`, retire the fact(s) it makes false."""
+                 name: str | None = None, trigger: str | None = None, steps: Sequence[str] | None = None,
+                 context: str | None = None) -> str:
+    """Write a fact, playbook or episode; with `supersedes_id`, retire the fact(s) it makes false.
+
+    `context` (episodes only) is the message the episode replies to, as in `write_episode`.
+    """
     check_user(user_id)
     check_text(text)
     check_type(memory_type, C.USER_MEMORY_TYPES)
+    if context is not None:
+        check_text(context, "context")
+        if memory_type != "episodic":
+            raise ValidationError(f"only an episode has a context (the message it replies to), "
+                                  f"not a {memory_type} memory")
     check_choice(contradiction, C.CONTRADICTIONS, "contradiction")
     if fact_type is not None:
         check_choice(fact_type, C.FACT_TYPES, "fact_type")
@@ -135,7 +144,7 @@ def write_memory(store: Store, user_id: str, text: str, memory_type: C.MemoryTyp
     if memory_type == "procedural" and not steps:
         raise ValidationError("a procedural memory needs its ordered `steps`")
     fields = dict(fact_type=fact_type, confidence=float(confidence), session_id=session_id, name=name,
-                  trigger=trigger, steps=list(steps) if steps else None,
+                  trigger=trigger, steps=list(steps) if steps else None, context=context,
                   supporting_episode_ids=list(supporting_episode_ids) or None)
     for episode in supporting_episode_ids:
         owned(store, user_id, episode, types=("episodic",))

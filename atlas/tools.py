@@ -82,6 +82,9 @@ class WriteArgs(ToolArgs):
     name: str | None = Field(None, description="For a playbook: a short name.")
     trigger: str | None = Field(None, description="For a playbook: the situation it fixes.")
     steps: list[str] | None = Field(None, min_length=1, description="For a playbook (required): the ordered steps.")
+    context: str | None = Field(None, min_length=1, description="For an episode: the message it answers (your "
+                                                                "previous reply), so a bare \"yes, that one\" can "
+                                                                "be found later.")
 
 
 class ForgetArgs(ToolArgs):

@@ -67,12 +67,16 @@ def test_tools_round_trip_with_the_real_client(served):
             written = await session.call_tool("write_memory", {"text": "Sarah's hub is called Beacon",
                                                                "memory_type": "semantic", "fact_type": "device"})
             owner = store.es.get(index=f"{store.prefix}-semantic", id=written.structured_content["id"])["_source"]
+            episode = await session.call_tool("write_memory", {"text": "The blue one", "memory_type": "episodic",
+                                                               "context": "Which cable did Biscuit chew?"})
             found = await session.call_tool("recall_memory", {"query": "what is my hub called", "k": 3})
             gone = await session.call_tool("forget_memory", {"id": written.structured_content["id"]})
             after = await session.call_tool("recall_memory", {"query": "what is my hub called", "k": 3})
-            return tools, written, owner, found, gone, after
+            return tools, written, owner, found, gone, after, episode
 
-    tools, written, owner, found, gone, after = run(session_flow)
+    tools, written, owner, found, gone, after, episode = run(session_flow)
+    stored = store.es.get(index=f"{store.prefix}-episodic", id=episode.structured_content["id"])["_source"]
+    assert stored["context"] == "Which cable did Biscuit chew?" and stored["text"] == "The blue one"
     assert set(tools) == {"recall_memory", "write_memory", "forget_memory"}
     write_schema = tools["write_memory"].input_schema["properties"]
     assert write_schema["memory_type"]["enum"] == list(USER_MEMORY_TYPES)

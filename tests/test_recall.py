@@ -168,6 +168,7 @@ def test_bad_recall_input(store, bad):
 @pytest.mark.parametrize("bad", [
     dict(text=""), dict(memory_type="dreams"), dict(memory_type="catalog"), dict(contradiction="rude"),
     dict(supersedes_id="../../etc"), dict(confidence=2.0), dict(memory_type="procedural"),
+    dict(context="Which hub?"), dict(memory_type="episodic", context=""),
 ])
 def test_bad_write_input_writes_nothing(store, bad):
     args = {"text": "a fact", "memory_type": "semantic", **bad}
