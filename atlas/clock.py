@@ -37,9 +37,9 @@ Period = tuple[datetime, datetime]
 
 _MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
            "november", "december")
-#: Northern-hemisphere seasons: first month (1-12) and length in months.
+#: Northern-hemisphere seasons, three months each: their first month (1-12).
 _SEASONS = {"spring": 3, "summer": 6, "autumn": 9, "fall": 9, "winter": 12}
-_MONTH = r"(?P<month>" + "|".join(m for m in _MONTHS) + r"|sept?|jan|feb|mar|apr|jun|jul|aug|oct|nov|dec)\.?"
+_MONTH = r"(?P<month>" + "|".join(_MONTHS) + r"|sept?|jan|feb|mar|apr|jun|jul|aug|oct|nov|dec)\.?"
 _DAY = r"(?P<day>[0-3]?\d)(?:st|nd|rd|th)?"
 _YEAR = r"(?P<year>(?:19|20)\d\d)(?![.\d])"
 _PATTERNS = [
@@ -68,6 +68,11 @@ def _month_start(year: int, month: int) -> datetime:
     return datetime(year, month, 1, tzinfo=timezone.utc)
 
 
+def _months(start: datetime, count: int) -> Period:
+    """`count` calendar months from `start` (a month's first day)."""
+    return start, _month_start(start.year, start.month + count)
+
+
 def _month_number(name: str) -> int:
     return next(i for i, full in enumerate(_MONTHS, start=1) if full.startswith(name.lower().rstrip(".")[:3]))
 
@@ -75,9 +80,7 @@ def _month_number(name: str) -> int:
 def _latest(first_month: int, months: int, now: datetime) -> Period:
     """The latest span of `months` months starting in `first_month` that has begun by `now`."""
     start = _month_start(now.year, first_month)
-    if start > now:
-        start = _month_start(now.year - 1, first_month)
-    return start, _month_start(start.year, start.month + months)
+    return _months(start if start <= now else _month_start(now.year - 1, first_month), months)
 
 
 def _relative(phrase: str, now: datetime) -> Period:
@@ -90,8 +93,7 @@ def _relative(phrase: str, now: datetime) -> Period:
     if phrase in ("last week", "a week ago"):
         return today - timedelta(days=14), today - timedelta(days=3)
     if phrase == "last month":
-        first = _month_start(today.year, today.month)
-        return _month_start(first.year, first.month - 1), first
+        return _months(_month_start(today.year, today.month - 1), 1)
     count = {"a couple of": 2, "a few": 3}.get(phrase.removesuffix(" days ago"))
     n = count or int(phrase.split()[0])
     return today - timedelta(days=n + 2), today - timedelta(days=max(n - 1, 0))
@@ -106,8 +108,7 @@ def _period(match: re.Match, text: str, now: datetime) -> Period | None:
         first = _SEASONS[found["season"].lower()]
         if year is None:
             return _latest(first, 3, now) if _meant_as_date(found["season"], text[:match.start()]) else None
-        start = _month_start(year, first)
-        return start, _month_start(year, first + 3)
+        return _months(_month_start(year, first), 3)
     if found.get("month"):
         if year is None and not _meant_as_date(found["month"], text[:match.start()]):
             return None
@@ -120,7 +121,7 @@ def _period(match: re.Match, text: str, now: datetime) -> Period | None:
                 return None
             day = datetime(year, month, number, tzinfo=timezone.utc)
             return day, day + timedelta(days=1)
-        return _month_start(year, month), _month_start(year, month + 1)
+        return _months(_month_start(year, month), 1)
     return datetime(year, 1, 1, tzinfo=timezone.utc), datetime(year + 1, 1, 1, tzinfo=timezone.utc)
 
 
@@ -130,13 +131,14 @@ def mentioned_period(text: str, now: datetime) -> Period | None:
     Calendar names without a year mean their latest occurrence by `now`; several
     expressions give the span that covers them all. Used to boost episodes said then.
     """
+    now = as_utc(now)
     spans, taken = [], []
     for pattern in _PATTERNS:
         for match in pattern.finditer(text):
             if any(a <= match.start() < b for a, b in taken):
                 continue
             taken.append((match.start(), match.end()))  # an impossible date is not read again as its month
-            if (span := _period(match, text, as_utc(now))) is not None:
+            if (span := _period(match, text, now)) is not None:
                 spans.append(span)
     if not spans:
         return None

@@ -12,8 +12,7 @@ from collections.abc import Iterable
 
 from elasticsearch import Elasticsearch
 
-from . import constants as C
-from .constants import ARCHIVE_SUFFIX, MEMORY_TYPES, STATE_SUFFIX, MemoryType
+from .constants import ARCHIVE_SUFFIX, ENGLISH_STOPWORDS, MEMORY_TYPES, STATE_SUFFIX, MemoryType
 from .errors import SchemaMismatch, ValidationError
 
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
@@ -120,7 +119,7 @@ def index_settings() -> dict:
         "mapping": {"exclude_source_vectors": False},
         "analysis": {"analyzer": {
             "atlas_exact": {"type": "custom", "tokenizer": "whitespace", "filter": ["lowercase"]},
-            "atlas_english": {"type": "english", "stopwords": list(C.ENGLISH_STOPWORDS)},
+            "atlas_english": {"type": "english", "stopwords": list(ENGLISH_STOPWORDS)},
         }},
     }
 
