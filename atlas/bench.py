@@ -43,7 +43,7 @@ from .errors import ValidationError
 from .memory import build_document, bulk_load, write_episode
 from .recall import recall
 from .rerank import load_second_stage
-from .schemas import all_indices, check_prefix, drop_indices, index_name
+from .schemas import MODEL_FIELDS, all_indices, check_prefix, drop_indices, index_name
 from .store import Store, open_store
 
 #: The fixed "now" of the synthetic corpus and of every recall.
@@ -219,7 +219,8 @@ def load_corpus(store: Store, corpus: Corpus, clauses: ClauseVectors, seed: int,
         vectors = {f: clauses.compose(f, corpus.heads[chunk], corpus.details[chunk], noise) for f in fields}
         actions = []
         for i, doc in enumerate(corpus.docs[chunk]):
-            source = {**doc, "embed_model": store.embedder.name, **{f: vectors[f][i].tolist() for f in fields}}
+            source = {**doc, **{MODEL_FIELDS[f]: store.passage_embedders[f].name for f in fields},
+                      **{f: vectors[f][i].tolist() for f in fields}}
             actions.append({"_index": index_name(store.prefix, doc["memory_type"]), "_source": source})
         helpers.bulk(store.es, actions, refresh=False)
         bar.update(len(actions))

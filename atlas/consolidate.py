@@ -5,8 +5,8 @@ asks a proposer (`atlas.proposers`) what to write, and keeps only proposals that
 the guards, whoever proposed them: the schema; supporting episodes that exist, belong to
 the user and include one of this batch; a fact sharing words with those episodes (only
 the user's own words become facts); a confidence floor; superseded ids that are the
-user's current facts; no duplicate (hybrid recall over the user's facts, cosine with the
-first embedder >= `CONSOLIDATION_DEDUP_SIMILARITY`); a playbook only for a trigger no
+user's current facts; no duplicate (hybrid recall over the user's facts, cosine with
+`CONSOLIDATION_EMBEDDER` >= `CONSOLIDATION_DEDUP_SIMILARITY`); a playbook only for a trigger no
 playbook covers; outcomes only for the user's playbooks.
 
 State lives in `<prefix>-state` (service credential only, never readable with a user
@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from . import constants as C
 from .clock import es_date
 from .display import short_id
+from .embed import load_embedder
 from .errors import AtlasError, ConflictError, ValidationError
 from .memory import VECTOR_FIELDS, build_document, bulk_load, owned, record_outcome, update_owned
 from .proposers import (PROPOSAL, Batch, Episode, Fact, FactProposal, OutcomeProposal, Playbook, PlaybookProposal,
@@ -143,12 +144,17 @@ def playbooks(store: Store, user_id: str) -> list[Playbook]:
 
 
 def similarity_of(store: Store):
-    """Cosine of one text to several with the first embedder (passages on both sides; vectors are unit length)."""
+    """Cosine of one text to several (passages on both sides; vectors are unit length).
+
+    The model is `CONSOLIDATION_EMBEDDER`, not the first stage's: the thresholds are its cosines,
+    and another model's cosines sit in another band (e5's rarely fall below 0.7).
+    """
+    model = load_embedder(C.CONSOLIDATION_EMBEDDER, cache_dir=store.settings.cache_dir / "embeddings")
 
     def similarity(text: str, others: Sequence[str]) -> np.ndarray:
         if not others:
             return np.zeros(0)
-        vectors = store.embedder.embed_passages([text, *others])
+        vectors = model.embed_passages([text, *others])
         return vectors[1:] @ vectors[0]
 
     return similarity

@@ -5,7 +5,7 @@ format), each user is consolidated as a dry run (proposer and guards, nothing wr
 and what the guards accepted is matched one-to-one with the labels:
 
 - a fact matches a labelled fact of the same user when they share a supporting episode
-  and their cosine (first embedder) is at least `CONSOLIDATION_MATCH_SIMILARITY`;
+  and their cosine (`CONSOLIDATION_EMBEDDER`) is at least `CONSOLIDATION_MATCH_SIMILARITY`;
 - an outcome update matches on (playbook, worked or not);
 - a new playbook matches when it cites one of the labelled playbook's episodes.
 

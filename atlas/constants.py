@@ -104,9 +104,11 @@ LLM_ATTEMPTS = 4
 LLM_BACKOFF = 1.0
 
 # --- consolidation ----------------------------------------------------------------
+#: Embedder spec whose cosines the consolidation similarities below are, whatever the first stage is.
+CONSOLIDATION_EMBEDDER = "minilm"
 #: Proposed facts below this confidence are not written.
 CONSOLIDATION_MIN_CONFIDENCE = 0.6
-#: A proposed fact at least this similar (cosine, first embedder) to a current fact of the user is a duplicate.
+#: A proposed fact at least this similar (cosine, CONSOLIDATION_EMBEDDER) to a current fact of the user is a duplicate.
 CONSOLIDATION_DEDUP_SIMILARITY = 0.90
 #: A proposed playbook whose trigger is at least this similar to an existing playbook's is not new.
 CONSOLIDATION_TRIGGER_SIMILARITY = 0.80

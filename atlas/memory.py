@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from . import constants as C
 from .clock import as_utc, es_date
 from .errors import ConflictError, NotFound, ValidationError
-from .schemas import archive_name, index_name
+from .schemas import MODEL_FIELDS, archive_name, index_name
 from .scoring import smoothed_success_rate
 from .store import Store
 from .validation import (check_choice, check_flag, check_id, check_ids, check_label, check_steps, check_text,
@@ -72,8 +72,7 @@ def embed_documents(store: Store, docs: Sequence[dict]) -> None:
         vectors = embedder.embed_passages(texts)
         for doc, vector in zip(docs, vectors):
             doc[field] = vector.tolist()
-        for doc in docs:
-            doc["embed_model"] = store.embedder.name
+            doc[MODEL_FIELDS[field]] = embedder.name
 
 
 def _provision(store: Store, user_ids: Iterable[str | None]) -> None:

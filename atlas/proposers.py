@@ -58,7 +58,7 @@ class Playbook:
         return f"{self.name}. Use when: {self.trigger}. Steps: {' '.join(self.steps)}"
 
 
-#: Cosine similarity (first embedder) of one text to each of several.
+#: Cosine similarity (`CONSOLIDATION_EMBEDDER`) of one text to each of several.
 Similarity = Callable[[str, Sequence[str]], np.ndarray]
 
 

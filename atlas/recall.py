@@ -1,8 +1,10 @@
 """Hybrid recall: BM25 and kNN over the four indices in one `_msearch`, fused by RRF, then re-scored.
 
 This cluster has no `rrf` retriever, so fusion happens here: each path returns its
-top `window` (each already multiplied by recency, use and priors, `atlas.scoring`),
-and a document's fused score is the sum over paths of 1 / (rank_constant + rank).
+top `window`, and a document's fused score is the sum over paths of 1 / (rank_constant + rank).
+The BM25 path multiplies its scores by recency, use and priors (`atlas.scoring`); the kNN
+path ranks by similarity alone, times only the boost of a period the question names (see
+`build_knn_body`).
 The second stage (`atlas.rerank`) re-scores the top `pool` of the fused list.
 Every request body is built by a pure function, so a notebook can print it and paste
 it into Kibana Dev Tools.
@@ -24,7 +26,7 @@ from .errors import AtlasError
 from .memory import VECTOR_FIELDS, Owned, record_use
 from .rerank import zscore
 from .schemas import archive_name, searchable
-from .scoring import ScoringParams, build_scored_query
+from .scoring import ScoringParams, build_scored_query, period_functions
 from .store import Store
 from .validation import check_choice, check_flag, check_k, check_text, check_types, check_user, check_when
 
@@ -102,13 +104,22 @@ def build_bm25_body(query: str, filters: dict, now: datetime, params: ScoringPar
             "_source": {"excludes": list(VECTOR_FIELDS)}}
 
 
-def build_knn_body(vector: Sequence[float], filters: dict, now: datetime, params: ScoringParams, window: int,
+def build_knn_body(vector: Sequence[float], filters: dict, params: ScoringParams, window: int,
                    period: Period | None = None, num_candidates: int = C.KNN_NUM_CANDIDATES) -> dict:
-    """kNN as a query (not the top-level `knn` section) so that it can sit inside function_score."""
-    knn = {"knn": {"field": "embedding", "query_vector": [round(float(x), 6) for x in vector], "k": window,
-                   "num_candidates": max(window, num_candidates), "filter": [filters]}}
-    return {"size": window, "query": build_scored_query(knn, now, params, period), "seq_no_primary_term": True,
-            "_source": {"excludes": list(VECTOR_FIELDS)}}
+    """kNN without the priors; only a period the question names multiplies its scores.
+
+    A kNN `_score` is (1 + cosine) / 2, so most candidates sit within a few hundredths of each
+    other, and a 0.85 catalog prior or a 1.2 use boost would outweigh the similarity itself
+    (persona set, dense alone, R@10: MiniLM 0.77 with them and 0.95 without, e5 0.31 and 0.93;
+    docs/evaluation.md). The priors reach the fused ranking through the BM25 path, whose scores
+    spread far wider. A named period is different: it is evidence from the question, so it lifts
+    the episodes said then in both paths.
+    """
+    knn: dict = {"knn": {"field": "embedding", "query_vector": [round(float(x), 6) for x in vector], "k": window,
+                         "num_candidates": max(window, num_candidates), "filter": [filters]}}
+    if functions := period_functions(period, params):
+        knn = {"function_score": {"query": knn, "functions": functions, "boost_mode": "multiply"}}
+    return {"size": window, "query": knn, "seq_no_primary_term": True, "_source": {"excludes": list(VECTOR_FIELDS)}}
 
 
 def recall_indices(store: Store, types: Sequence[C.MemoryType], include_superseded: bool) -> str:
@@ -130,7 +141,7 @@ def build_recall_requests(store: Store, user_id: str, query: str, *, mode: C.Rec
     requests = []
     for path in paths_of(mode):
         body = build_bm25_body(query, filters, now, params, window, period) if path == "bm25" else \
-            build_knn_body(query_vector, filters, now, params, window, period)  # type: ignore[arg-type]
+            build_knn_body(query_vector, filters, params, window, period)  # type: ignore[arg-type]
         requests.append({"path": path, "header": header, "body": body})
     return requests
 

@@ -1,8 +1,9 @@
 """Second stage: re-score the fused candidate pool.
 
 The default is not a cross-encoder: it is a second, different embedding model
-(multilingual-e5-small) whose passage vectors are stored at write time, so a recall
-costs one extra query embedding and a few dot products. Its z-scored similarity is
+(all-MiniLM-L6-v2; the first stage is multilingual-e5-small) whose passage vectors are
+stored at write time, so a recall costs one extra query embedding, one `mget` and a few
+dot products. Its z-scored similarity is
 added to the z-scored RRF score, which already carries the first model's vote (adding
 the first model's similarity again lost 0.04-0.05 Recall@5/10 on LoCoMo; see
 docs/evaluation.md). A local cross-encoder or an HTTP rerank endpoint
@@ -110,7 +111,8 @@ class HttpRerankStage:
 
 
 def load_second_stage(spec: str | None, cache_dir: Path | None = None) -> SecondStage | None:
-    """'e5' (default), 'embed:<embedder spec>', 'cross-encoder:/path', 'http(s)://...#model', or 'none'."""
+    """An embedder spec ('minilm' is the default), 'embed:<embedder spec>', 'cross-encoder:/path',
+    'http(s)://...#model', or 'none'."""
     if not spec or spec == "none":
         return None
     if spec.startswith("cross-encoder:"):

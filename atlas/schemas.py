@@ -68,6 +68,7 @@ def common_mappings(dims: int, rerank_dims: int | None) -> dict:
         "embedding": {"type": "dense_vector", "dims": dims, "similarity": "cosine", "index": True,
                       "index_options": {"type": "hnsw", "m": 16, "ef_construction": 100}},
         "embed_model": KEYWORD,
+        "rerank_model": KEYWORD,
         "user_id": KEYWORD,
         "memory_type": KEYWORD,
         "source_key": KEYWORD,
@@ -193,6 +194,26 @@ def ensure_indices(es: Elasticsearch, prefix: str, dims: int, rerank_dims: int |
         raise SchemaMismatch(f"{index} does not match Atlas's mapping (schema v{SCHEMA_VERSION}): "
                              + "; ".join(problems) + f". Drop prefix {prefix!r} (atlas.schemas.drop_indices) to rebuild.")
     return report
+
+
+#: Vector field -> the keyword field naming the model that filled it.
+MODEL_FIELDS = {"embedding": "embed_model", "rerank_embedding": "rerank_model"}
+
+
+def check_models(es: Elasticsearch, prefix: str, models: dict[str, str]) -> None:
+    """Refuse a prefix whose vectors came from other models than `models` ({vector field: name}).
+
+    Both default models have 384 dimensions, so the mapping cannot tell their vectors apart, and
+    a kNN search would compare two vector spaces without an error.
+    """
+    aggs = {field: {"terms": {"field": MODEL_FIELDS[field], "size": 10}} for field in models}
+    found = es.search(index=",".join(all_indices(prefix)), size=0, aggs=aggs, ignore_unavailable=True)["aggregations"]
+    problems = [f"`{field}` holds vectors of {', '.join(others)}, this store embeds with {models[field]}"
+                for field in models
+                if (others := sorted({b["key"] for b in found[field]["buckets"]} - {models[field]}))]
+    if problems:
+        raise SchemaMismatch(f"prefix {prefix!r}: " + "; ".join(problems) + ". Set ATLAS_EMBEDDER / ATLAS_RERANKER "
+                             "to the models it was written with, or drop it and load again.")
 
 
 def drop_indices(es: Elasticsearch, prefix: str) -> None:

@@ -94,9 +94,18 @@ def _of_type(memory_type: str) -> dict:
     return {"term": {"memory_type": memory_type}}
 
 
+def period_functions(period: Period | None, params: ScoringParams = DEFAULT_PARAMS) -> list[dict]:
+    """The function that multiplies the episodes said within `period` by `period_boost` (none without one)."""
+    if period is None or params.period_boost == 1:
+        return []
+    start, end = period
+    return [{"filter": {"range": {"timestamp": {"gte": es_date(start), "lt": es_date(end)}}},
+             "weight": params.period_boost}]
+
+
 def build_scored_query(query: dict, now: datetime, params: ScoringParams = DEFAULT_PARAMS,
                        period: Period | None = None) -> dict:
-    """Wrap a retrieval query in the multipliers. One hook for every path (BM25, kNN).
+    """Wrap a retrieval query in the multipliers (recall wraps its BM25 path; see `atlas.recall.build_knn_body`).
 
     `period` (from `atlas.clock.mentioned_period`) multiplies episodes said within it by `period_boost`.
     """
@@ -114,10 +123,7 @@ def build_scored_query(query: dict, now: datetime, params: ScoringParams = DEFAU
         {"filter": _of_type(memory_type), "gauss": {field: gauss}} for memory_type, field in DECAY_FIELD.items()
     ]
     functions.append({"filter": _of_type("catalog"), "weight": params.catalog_source_prior})
-    if period is not None and params.period_boost != 1:
-        start, end = period
-        functions.append({"filter": {"range": {"timestamp": {"gte": es_date(start), "lt": es_date(end)}}},
-                          "weight": params.period_boost})
+    functions += period_functions(period, params)
     inner = use
     if params.procedural_success_weight:
         w = params.procedural_success_weight

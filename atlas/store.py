@@ -17,7 +17,7 @@ from .config import Settings, load_settings
 from .connection import connect
 from .embed import Embedder, load_embedder
 from .rerank import SecondStage, load_second_stage
-from .schemas import all_indices, check_prefix, drop_indices, ensure_indices
+from .schemas import all_indices, check_models, check_prefix, drop_indices, ensure_indices
 from .scoring import DEFAULT_PARAMS, ScoringParams
 
 
@@ -89,6 +89,7 @@ def open_store(prefix: str | None = None, *, settings: Settings | None = None, e
     if create:
         rerank = store.passage_embedders.get("rerank_embedding")
         ensure_indices(es, store.prefix, embedder.dims, rerank.dims if rerank else None)
+        check_models(es, store.prefix, {field: model.name for field, model in store.passage_embedders.items()})
     if tenancy:
         from .tenancy import enable_tenancy  # tenancy builds on this module
 

@@ -11,12 +11,14 @@ from atlas import consolidate as cons
 from atlas.consolidate import (consolidate, consolidate_all, count_new_episodes, maybe_consolidate,
                                read_plan, read_watermark)
 from atlas.consolidation_eval import evaluate, load_consolidation_set, read_expected_metrics
-from atlas.constants import CONSOLIDATION_MIN_CONFIDENCE
+from atlas.constants import CONSOLIDATION_EMBEDDER, CONSOLIDATION_MIN_CONFIDENCE
+from atlas.embed import load_embedder
 from atlas.errors import ConflictError, LLMError
 from atlas.memory import build_document, bulk_load, write_episode, write_memory
 from atlas.proposers import RuleProposer, LLMProposer, fact_type_of, is_statement, third_person
+from atlas.store import open_store
 
-from .conftest import NOW
+from .conftest import NOW, make_prefix
 from .llm_stub import completion, scripted_llm
 
 
@@ -351,3 +353,17 @@ def test_inspector_shows_counters_and_chains_as_static_html(cstore):
     write_memory(cstore, "sarah", "Sarah's hub is called Beacon", "semantic")
     inspector.refresh()
     assert inspector.current.counts["semantic"]["current"] == 2
+
+
+def test_similarity_is_the_consolidation_models_whatever_the_first_stage(es):
+    """The thresholds are cosines of CONSOLIDATION_EMBEDDER: a store whose kNN model is e5 (whose
+    cosines rarely fall below 0.7) still compares texts with it."""
+    store = open_store(make_prefix("similarity-e5"), es=es, embedder=load_embedder("e5"), second_stage=None,
+                       tenancy=False)
+    try:
+        texts = ["Sarah moved to Edinburgh", "Sarah lives in Edinburgh now", "The porch light comes on at dusk"]
+        vectors = load_embedder(CONSOLIDATION_EMBEDDER).embed_passages(texts)
+        assert cons.similarity_of(store)(texts[0], texts[1:]) == pytest.approx(vectors[1:] @ vectors[0], abs=1e-5)
+        assert store.embedder.name != load_embedder(CONSOLIDATION_EMBEDDER).name
+    finally:
+        store.drop()

@@ -276,7 +276,6 @@ def test_sentence_transformers_missing_package() -> None:
 # --- specs -----------------------------------------------------------------------------------
 
 def test_load_embedder_specs(tmp_path: Path, minilm: Embedder, stub_server: tuple[str, list[dict]]) -> None:
-    assert load_embedder() is minilm
     assert load_embedder(" MiniLM ") is minilm
     assert isinstance(load_embedder("e5"), E5Small)
     cached = load_embedder("minilm", cache_dir=tmp_path)

@@ -8,9 +8,11 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from atlas.errors import NotFound, ValidationError
+from atlas.embed import load_embedder
+from atlas.errors import NotFound, SchemaMismatch, ValidationError
 from atlas.memory import build_document, bulk_load, forget_memory, passage_text, write_episode, write_memory
 from atlas.recall import build_recall_requests, recall, rrf_fuse, to_kibana
+from atlas.store import open_store
 
 from .conftest import NOW
 
@@ -59,6 +61,34 @@ def test_fusion_order_on_cluster_matches_rrf_of_paths(store):
     assert [h.id for h in result.hits] == [h.id for h in expected]
     for hit in result.hits:
         assert hit.rrf == pytest.approx(sum(1 / (30 + r) for r in hit.ranks.values()))
+
+
+def test_the_priors_sit_in_the_bm25_path_only(store):
+    """BM25 scores carry recency, use and priors; kNN ranks by similarity alone, so an old episode
+    that matches best stays first in the dense path (at 1500 days its multiplier is 0.70). Only a
+    period the question names reaches both paths."""
+    old = write_episode(store, "sarah", "I reset the Lumio hub by holding its button for ten seconds", "s1",
+                        ts=NOW - timedelta(days=1500))
+    write_episode(store, "sarah", "The Lumio hub manual is in the kitchen drawer", "s2")
+    bm25, knn = build_recall_requests(store, "sarah", "hub", mode="hybrid", types=("episodic",),
+                                      include_superseded=False, now=NOW, params=store.params, window=80,
+                                      query_vector=[0.0] * store.embedder.dims)
+    assert "function_score" in bm25["body"]["query"] and "function_score" not in str(knn["body"])
+    june = (NOW - timedelta(days=150), NOW - timedelta(days=120))
+    _, knn = build_recall_requests(store, "sarah", "hub", mode="hybrid", types=("episodic",),
+                                   include_superseded=False, now=NOW, params=store.params, window=80,
+                                   query_vector=[0.0] * store.embedder.dims, period=june)
+    assert [f["weight"] for f in knn["body"]["query"]["function_score"]["functions"]] == [store.params.period_boost]
+    assert "gauss" not in str(knn["body"])
+    query = "how do I reset the Lumio hub with its button"
+    assert recall(store, "sarah", query, k=1, mode="dense", touch=False).ids() == [old]
+
+
+def test_a_prefix_written_by_another_model_is_refused(store):
+    write_memory(store, "sarah", "The hub lives in the hallway cupboard", "semantic")
+    other = load_embedder("minilm" if store.embedder.name != load_embedder("minilm").name else "e5")
+    with pytest.raises(SchemaMismatch, match="`embedding` holds vectors of"):
+        open_store(store.prefix, es=store.es, embedder=other, tenancy=False)
 
 
 def test_superseded_hidden_unless_asked(store):
