@@ -217,8 +217,10 @@ def persona_report(rows: Sequence[dict], questions: Sequence[EvalQuestion], text
 
 
 def locomo_report(rows: Sequence[dict], *, seed: int = CI_SEED) -> dict:
-    """Per mode: the main set (categories 1-4) per category, adversarial apart, and the paper's all-questions recall."""
+    """Per mode: the main set (categories 1-4) per category, adversarial apart, and the paper's all-questions
+    recall per category and per conversation (one tenant each: does one conversation carry the mean?)."""
     metrics = metric_names(LOCOMO_KS)
+    paper = [f"paper_r@{k}" for k in LOCOMO_KS]
     main_names = {CATEGORY_NAMES[c] for c in MAIN_CATEGORIES}
     modes = {}
     for mode, mode_rows in by_mode(rows).items():
@@ -227,7 +229,8 @@ def locomo_report(rows: Sequence[dict], *, seed: int = CI_SEED) -> dict:
         adversarial = [r for r in scorable if r["group"] == CATEGORY_NAMES[ADVERSARIAL]]
         modes[mode] = {"main": _summary(main, metrics, "group", "category", seed),
                        "adversarial": _summary(adversarial, metrics, None, "category", seed),
-                       "all": _summary(mode_rows, [f"paper_r@{k}" for k in LOCOMO_KS], "group", "category", seed),
+                       "all": _summary(mode_rows, paper, "group", "category", seed)
+                       | {"by_conversation": _summary(mode_rows, paper, "user_id", "conversation", seed)["by_conversation"]},
                        **_costs(mode_rows)}
     qids = {r["qid"] for r in rows}
     return {"dataset": "locomo", "questions": len(qids), "conversations": len({q.split(":")[0] for q in qids}),

@@ -190,6 +190,14 @@ def test_locomo_subset_matches_expected(locomo_report):
     assert results.compare(results.RUNS["locomo-ci"], locomo_report) == []
 
 
+def test_locomo_per_conversation_means_make_up_the_overall_one(locomo_report):
+    for summary in locomo_report["by_mode"].values():
+        overall, parts = summary["all"], summary["all"]["by_conversation"].values()
+        assert len(parts) == 2 and sum(p["n"] for p in parts) == overall["n"]
+        weighted = sum(p["n"] * p["paper_r@10"] for p in parts) / overall["n"]
+        assert weighted == pytest.approx(overall["paper_r@10"])
+
+
 # --- the expected file and the tables generated from it ---------------------------------------------
 
 
