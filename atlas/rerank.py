@@ -3,10 +3,9 @@
 The default is not a cross-encoder: it is a second, different embedding model
 (all-MiniLM-L6-v2; the first stage is multilingual-e5-small) whose passage vectors are
 stored at write time, so a recall costs one extra query embedding, one `mget` and a few
-dot products. Its z-scored similarity is
-added to the z-scored RRF score, which already carries the first model's vote (adding
-the first model's similarity again lost 0.04-0.05 Recall@5/10 on LoCoMo; see
-docs/evaluation.md). A local cross-encoder or an HTTP rerank endpoint
+dot products. Its z-scored similarity is added to the z-scored RRF score, which already
+carries the first model's vote (adding the first model's similarity again lost 0.04-0.05
+Recall@5/10 on LoCoMo; see docs/evaluation.md). A local cross-encoder or an HTTP rerank endpoint
 (Elasticsearch `_inference/rerank`, Cohere/Jina-style `/rerank`) can replace it.
 """
 
