@@ -42,6 +42,8 @@ class Hit:
     user_id: str | None
     #: 1-based rank in each retrieval path that found it ("bm25", "dense").
     ranks: dict[str, int]
+    #: Each of those paths' own `_score`: BM25 times the multipliers; kNN (1 + cosine) / 2, times a period boost.
+    path_scores: dict[str, float]
     rrf: float
     second: float | None
     score: float
@@ -169,10 +171,10 @@ def rrf_fuse(rankings: dict[str, list[str]], rank_constant: int = C.RRF_RANK_CON
     return [(key, scores[key], ranks[key]) for key in order]
 
 
-def _hit(raw: dict, ranks: dict[str, int], rrf: float) -> Hit:
+def _hit(raw: dict, ranks: dict[str, int], path_scores: dict[str, float], rrf: float) -> Hit:
     source = raw["_source"]
     return Hit(id=raw["_id"], index=raw["_index"], memory_type=source.get("memory_type", ""), text=source.get("text", ""),
-               user_id=source.get("user_id"), ranks=ranks, rrf=rrf, second=None, score=rrf,
+               user_id=source.get("user_id"), ranks=ranks, path_scores=path_scores, rrf=rrf, second=None, score=rrf,
                superseded_by=source.get("superseded_by"), superseded_at=source.get("superseded_at"),
                source=source, seq_no=raw.get("_seq_no", -1), primary_term=raw.get("_primary_term", -1))
 
@@ -257,6 +259,7 @@ def recall(store: Store, user_id: str, query: str, k: int = 10, types: Sequence[
     started = time.perf_counter()
     raw: dict[str, dict] = {}
     rankings: dict[str, list[str]] = {}
+    path_scores: dict[str, dict[str, float]] = {}
     for request, response in zip(requests, responses):
         if "error" in response:
             error = response["error"]
@@ -266,7 +269,8 @@ def recall(store: Store, user_id: str, query: str, k: int = 10, types: Sequence[
             key = f"{doc['_index']}/{doc['_id']}"
             raw.setdefault(key, doc)
             rankings[request["path"]].append(key)
-    hits = [_hit(raw[key], ranks, score) for key, score, ranks in rrf_fuse(rankings, rank_constant)]
+            path_scores.setdefault(key, {})[request["path"]] = doc["_score"]
+    hits = [_hit(raw[key], ranks, path_scores[key], score) for key, score, ranks in rrf_fuse(rankings, rank_constant)]
     if not include_superseded:
         hits = settle_supersessions(store, user_id, hits)
     timings["fusion"] = time.perf_counter() - started

@@ -61,6 +61,7 @@ def test_fusion_order_on_cluster_matches_rrf_of_paths(store):
     assert [h.id for h in result.hits] == [h.id for h in expected]
     for hit in result.hits:
         assert hit.rrf == pytest.approx(sum(1 / (30 + r) for r in hit.ranks.values()))
+        assert hit.path_scores.keys() == hit.ranks.keys()
 
 
 def test_the_priors_sit_in_the_bm25_path_only(store):
@@ -81,7 +82,11 @@ def test_the_priors_sit_in_the_bm25_path_only(store):
     assert [f["weight"] for f in knn["body"]["query"]["function_score"]["functions"]] == [store.params.period_boost]
     assert "gauss" not in str(knn["body"])
     query = "how do I reset the Lumio hub with its button"
-    assert recall(store, "sarah", query, k=1, mode="dense", touch=False).ids() == [old]
+    dense = recall(store, "sarah", query, k=1, mode="dense", touch=False)
+    assert dense.ids() == [old]
+    cosine = store.embedder.embed_queries([query])[0] @ np.asarray(
+        store.es.get(index=f"{store.prefix}-episodic", id=old)["_source"]["embedding"])
+    assert dense.hits[0].path_scores == {"dense": pytest.approx((1 + cosine) / 2, abs=1e-4)}
 
 
 def test_a_prefix_written_by_another_model_is_refused(store):
