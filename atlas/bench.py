@@ -415,7 +415,7 @@ def run(*, quick: bool = False, plan: Plan | None = None, scales: Sequence[int] 
             opened.append(store)
             results["meta"]["reads"] = "per-user DLS keys" if store.reader is not None else "service credential"
             specs = _specs(store, settings)
-            clauses = clauses or ClauseVectors(pool, {field: load_embedder(spec, cache_dir=settings.cache_dir / "embeddings")
+            clauses = clauses or ClauseVectors(pool, {field: load_embedder(spec, cache_dir=settings.embedding_cache_dir)
                                                       for field, spec in specs.items()})
             _bench_scale(results, plan, store, synthetic_corpus(scale, clauses, rng, now), clauses, asked, rng, now,
                          seed, progress)

@@ -67,6 +67,11 @@ class Settings:
         return self.home / ".cache"
 
     @property
+    def embedding_cache_dir(self) -> Path:
+        """The on-disk vectors of every model, keyed by model and text (`atlas.embed.CachedEmbedder`)."""
+        return self.cache_dir / "embeddings"
+
+    @property
     def outputs_dir(self) -> Path:
         return self.home / "outputs"
 

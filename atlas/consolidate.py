@@ -149,7 +149,7 @@ def similarity_of(store: Store):
     The model is `CONSOLIDATION_EMBEDDER`, not the first stage's: the thresholds are its cosines,
     and another model's cosines sit in another band (e5's rarely fall below 0.7).
     """
-    model = load_embedder(C.CONSOLIDATION_EMBEDDER, cache_dir=store.settings.cache_dir / "embeddings")
+    model = load_embedder(C.CONSOLIDATION_EMBEDDER, cache_dir=store.settings.embedding_cache_dir)
 
     def similarity(text: str, others: Sequence[str]) -> np.ndarray:
         if not others:

@@ -77,7 +77,7 @@ def open_store(prefix: str | None = None, *, settings: Settings | None = None, e
     the `user_id` filter alone (with a warning, see `atlas.tenancy`).
     """
     settings = settings or load_settings()
-    cache = settings.cache_dir / "embeddings"
+    cache = settings.embedding_cache_dir
     es = es or connect(settings)
     embedder = embedder or load_embedder(settings.embedder, cache_dir=cache)
     if second_stage == "default":

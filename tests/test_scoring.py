@@ -23,10 +23,10 @@ def test_formula_anchor_points():
     assert smoothed_success_rate(0, 0) == 0.5 and smoothed_success_rate(9, 0) == pytest.approx(10 / 11)
 
 
-def _measured(store, params=None) -> dict[str, float]:
+def _measured(store, params=None, period=None) -> dict[str, float]:
     """_score of each document under a constant inner score of 1: exactly the multiplier."""
     query = build_scored_query({"constant_score": {"filter": {"match_all": {}}, "boost": 1.0}}, NOW,
-                               params or store.params)
+                               params or store.params, period)
     resp = store.es.search(index=store.indices, query=query, size=1000, source_includes=["source_key"])
     return {h["_source"]["source_key"]: h["_score"] for h in resp["hits"]["hits"]}
 
@@ -79,11 +79,7 @@ def test_period_boost_matches_the_formula(store):
     june, july = NOW - timedelta(days=150), NOW - timedelta(days=120)
     bulk_load(store, [build_document("u", "camping trip", "episodic", NOW, timestamp=when, source_key=key)
                       for key, when in (("june", june), ("july", july))], progress=False)
-    period = (june - timedelta(days=1), june + timedelta(days=1))
-    query = build_scored_query({"constant_score": {"filter": {"match_all": {}}, "boost": 1.0}}, NOW, store.params,
-                               period)
-    hits = store.es.search(index=store.indices, query=query, source_includes=["source_key"])["hits"]["hits"]
-    measured = {h["_source"]["source_key"]: h["_score"] for h in hits}
+    measured = _measured(store, period=(june - timedelta(days=1), june + timedelta(days=1)))
     assert measured["june"] == pytest.approx(multiplier("episodic", age_days=150, in_period=True), abs=1e-3)
     assert measured["july"] == pytest.approx(multiplier("episodic", age_days=120), abs=1e-3)
     assert measured["june"] == pytest.approx(2 * measured["july"], abs=1e-3)
