@@ -24,7 +24,7 @@ from . import constants as C
 from .clock import Period, mentioned_period
 from .errors import AtlasError
 from .memory import VECTOR_FIELDS, Owned, record_use
-from .rerank import zscore
+from .rerank import combine
 from .schemas import archive_name, searchable
 from .scoring import ScoringParams, build_scored_query, period_functions
 from .store import Store
@@ -201,7 +201,7 @@ def settle_supersessions(store: Store, user_id: str, hits: list[Hit]) -> list[Hi
 
 
 def _second_stage(store: Store, user_id: str, query: str, pool: list[Hit], rrf_weight: float) -> None:
-    """Re-score `pool` in place: rrf_weight * z(rrf) + second-stage score."""
+    """Re-score `pool` in place (`combine`); `Hit.second` keeps the stage's own score."""
     stage = store.second_stage
     assert stage is not None
     vectors = None
@@ -214,7 +214,7 @@ def _second_stage(store: Store, user_id: str, query: str, pool: list[Hit], rrf_w
             raise AtlasError("a candidate has no stored rerank_embedding "
                              "(written before the second stage was set up)") from None
     scores = stage.scores(query, [h.text for h in pool], vectors)
-    combined = rrf_weight * zscore(np.asarray([h.rrf for h in pool])) + scores
+    combined = combine(np.asarray([h.rrf for h in pool]), scores, rrf_weight)
     for hit, second, final in zip(pool, scores, combined):
         hit.second, hit.score = float(second), float(final)
     pool.sort(key=lambda h: -h.score)

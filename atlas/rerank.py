@@ -3,10 +3,12 @@
 The default is not a cross-encoder: it is a second, different embedding model
 (all-MiniLM-L6-v2; the first stage is multilingual-e5-small) whose passage vectors are
 stored at write time, so a recall costs one extra query embedding, one `mget` and a few
-dot products. Its z-scored similarity is added to the z-scored RRF score, which already
+dot products. `combine` adds its z-scored similarity to the z-scored RRF score, which already
 carries the first model's vote (adding the first model's similarity again lost 0.04-0.05
 Recall@5/10 on LoCoMo; see docs/evaluation.md). A local cross-encoder or an HTTP rerank endpoint
-(Elasticsearch `_inference/rerank`, Cohere/Jina-style `/rerank`) can replace it.
+(Elasticsearch `_inference/rerank`, Cohere/Jina-style `/rerank`) can replace it; every stage's
+scores are z-scored the same way, so a cross-encoder's logits and an endpoint's 0-1 relevance weigh
+alike against the fusion.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Protocol
 
@@ -30,19 +33,25 @@ def zscore(values: np.ndarray) -> np.ndarray:
     return (values - values.mean()) / std if std > 1e-9 else np.zeros_like(values)
 
 
+def combine(rrf: np.ndarray, second: np.ndarray, rrf_weight: float) -> np.ndarray:
+    """The final score of each candidate in the pool: rrf_weight * z(rrf) + z(second)."""
+    return rrf_weight * zscore(rrf) + zscore(second)
+
+
 class SecondStage(Protocol):
     name: str
     #: Model whose passage vectors are stored in `rerank_embedding` at write time, if any.
     embedder: Embedder | None
 
     def scores(self, query: str, texts: Sequence[str], vectors: np.ndarray | None) -> np.ndarray:
-        """One score per candidate, higher is better; `vectors` are the stored `rerank_embedding`s."""
+        """One score per candidate, higher is better, on any scale; `vectors` are the stored
+        `rerank_embedding`s."""
         ...
 
 
 @dataclass
 class EmbeddingSecondStage:
-    """z(cos second model), from the stored passage vectors."""
+    """The second model's cosine, from the stored passage vectors."""
 
     embedder: Embedder
 
@@ -52,7 +61,7 @@ class EmbeddingSecondStage:
 
     def scores(self, query: str, texts: Sequence[str], vectors: np.ndarray | None) -> np.ndarray:
         assert vectors is not None
-        return zscore(vectors @ self.embedder.embed_queries([query])[0])
+        return vectors @ self.embedder.embed_queries([query])[0]
 
 
 @dataclass
@@ -66,13 +75,16 @@ class CrossEncoderStage:
     def name(self) -> str:
         return f"cross-encoder:{self.path}"
 
-    def scores(self, query: str, texts: Sequence[str], vectors: np.ndarray | None) -> np.ndarray:
+    @cached_property
+    def model(self):  # a sentence_transformers.CrossEncoder; loading it costs seconds, so once per stage
         try:
             from sentence_transformers import CrossEncoder
         except ImportError:
             raise EmbeddingError("cross-encoder second stage needs `pip install sentence-transformers`") from None
-        model = CrossEncoder(self.path, local_files_only=True)
-        return np.asarray(model.predict([(query, text) for text in texts]), dtype=np.float32)
+        return CrossEncoder(self.path, local_files_only=True)
+
+    def scores(self, query: str, texts: Sequence[str], vectors: np.ndarray | None) -> np.ndarray:
+        return np.asarray(self.model.predict([(query, text) for text in texts]), dtype=np.float32)
 
 
 @dataclass
@@ -103,10 +115,17 @@ class HttpRerankStage:
         except (httpx.HTTPError, ValueError) as exc:
             raise EmbeddingError(f"rerank endpoint {self.url} failed: {exc}") from None
         results = payload.get("results") or payload.get("rerank") or payload.get("data") or []
-        out = np.full(len(texts), -np.inf, dtype=np.float32)
-        for item in results:
-            out[int(item["index"])] = float(item.get("relevance_score", item.get("score", 0.0)))
-        return out
+        out = np.full(len(texts), np.nan, dtype=np.float32)
+        try:
+            for item in results:
+                out[int(item["index"])] = float(item.get("relevance_score", item.get("score", 0.0)))
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise EmbeddingError(f"rerank endpoint {self.url} answered without an index and score per "
+                                 f"document: {exc!r}") from None
+        if np.isnan(out).all():
+            raise EmbeddingError(f"rerank endpoint {self.url} scored none of the {len(texts)} documents")
+        # A document the endpoint left out (a top_n cut) gets the lowest score it gave.
+        return np.where(np.isnan(out), np.nanmin(out), out)
 
 
 def load_second_stage(spec: str | None, cache_dir: Path | None = None) -> SecondStage | None:
