@@ -80,7 +80,8 @@ def _warn_truncated(count: int, limit: int, name: str) -> None:
     )
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file, read in blocks (model files are hundreds of MB)."""
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -127,7 +128,7 @@ class OnnxEmbedder:
         for path in (model_path, tokenizer_path):
             if not path.is_file():
                 raise EmbeddingError(f"{path} does not exist: check the path or reinstall the model package")
-        if sha256 is not None and (actual := _sha256_file(model_path)) != sha256.lower():
+        if sha256 is not None and (actual := sha256_file(model_path)) != sha256.lower():
             raise EmbeddingError(
                 f"{model_path} has sha256 {actual}, expected {sha256}: the file is corrupt or another "
                 f"version; reinstall the package that ships it"

