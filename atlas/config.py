@@ -43,9 +43,9 @@ class Settings:
     es_heap: str = "1g"
     index_prefix: str = DEFAULT_INDEX_PREFIX
     #: Embedder spec of the first stage (see `atlas.embed.load_embedder`).
-    embedder: str = "e5"
+    embedder: str = "nomic"
     #: Second stage: an embedder spec, "cross-encoder:/path" or an HTTP rerank URL.
-    reranker: str = "minilm"
+    reranker: str = "e5"
     llm_base_url: str | None = None
     llm_api_key: str | None = None
     llm_model: str | None = None
@@ -100,8 +100,8 @@ def load_settings(**overrides: object) -> Settings:
         "es_port": int(env("ATLAS_ES_PORT", "9200")),
         "es_heap": env("ATLAS_ES_HEAP", "1g"),
         "index_prefix": env("ATLAS_INDEX_PREFIX", DEFAULT_INDEX_PREFIX),
-        "embedder": env("ATLAS_EMBEDDER", "e5"),
-        "reranker": env("ATLAS_RERANKER", "minilm"),
+        "embedder": env("ATLAS_EMBEDDER", "nomic"),
+        "reranker": env("ATLAS_RERANKER", "e5"),
         "llm_base_url": env("OPENAI_BASE_URL") or None,
         "llm_api_key": env("OPENAI_API_KEY") or None,
         "llm_model": env("ATLAS_LLM_MODEL") or None,

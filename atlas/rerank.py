@@ -1,14 +1,13 @@
 """Second stage: re-score the fused candidate pool.
 
 The default is not a cross-encoder: it is a second, different embedding model
-(all-MiniLM-L6-v2; the first stage is multilingual-e5-small) whose passage vectors are
+(multilingual-e5-small; the first stage is nomic-embed-text-v1.5) whose passage vectors are
 stored at write time, so a recall costs one extra query embedding, one `mget` and a few
 dot products. `combine` adds its z-scored similarity to the z-scored RRF score, which already
-carries the first model's vote (adding the first model's similarity again lost 0.04-0.05
-Recall@5/10 on LoCoMo; see docs/evaluation.md). A local cross-encoder or an HTTP rerank endpoint
+carries the first model's vote. A local cross-encoder or an HTTP rerank endpoint
 (Elasticsearch `_inference/rerank`, Cohere/Jina-style `/rerank`) can replace it; every stage's
 scores are z-scored the same way, so a cross-encoder's logits and an endpoint's 0-1 relevance weigh
-alike against the fusion.
+alike against the fusion. Which second model, and what each choice measured: docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -129,7 +128,7 @@ class HttpRerankStage:
 
 
 def load_second_stage(spec: str | None, cache_dir: Path | None = None) -> SecondStage | None:
-    """An embedder spec ('minilm' is the default), 'embed:<embedder spec>', 'cross-encoder:/path',
+    """An embedder spec ('e5' is the default), 'embed:<embedder spec>', 'cross-encoder:/path',
     'http(s)://...#model', or 'none'."""
     if not spec or spec == "none":
         return None

@@ -203,8 +203,9 @@ MODEL_FIELDS = {"embedding": "embed_model", "rerank_embedding": "rerank_model"}
 def check_models(es: Elasticsearch, prefix: str, models: dict[str, str]) -> None:
     """Refuse a prefix whose vectors came from other models than `models` ({vector field: name}).
 
-    Both default models have 384 dimensions, so the mapping cannot tell their vectors apart, and
-    a kNN search would compare two vector spaces without an error.
+    Models of the same width (e5 and MiniLM both have 384 dimensions) fit the same mapping, so the
+    mapping alone cannot tell their vectors apart, and a kNN search would compare two vector spaces
+    without an error.
     """
     aggs = {field: {"terms": {"field": MODEL_FIELDS[field], "size": 10}} for field in models}
     found = es.search(index=",".join(all_indices(prefix)), size=0, aggs=aggs, ignore_unavailable=True)["aggregations"]

@@ -1,4 +1,4 @@
-"""The embedding layer: both local models, the generic ONNX path, HTTP, the disk cache, specs."""
+"""The embedding layer: the three local models, the generic ONNX path, HTTP, the disk cache, specs."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from atlas.embed import (
     EmbeddingError,
     HttpEmbedder,
     MiniLM,
+    Nomic,
     OnnxEmbedder,
     SentenceTransformerEmbedder,
     TruncationWarning,
@@ -45,9 +46,17 @@ def e5() -> Embedder:
     return load_embedder("e5")
 
 
-@pytest.fixture(scope="module", params=["minilm", "e5"])
+@pytest.fixture(scope="module")
+def nomic() -> Embedder:
+    return load_embedder("nomic")  # built by `make setup` (atlas model build)
+
+
+@pytest.fixture(scope="module", params=["minilm", "e5", "nomic"])
 def model(request: pytest.FixtureRequest) -> Embedder:
     return request.getfixturevalue(request.param)
+
+
+DIMS = {"all-MiniLM-L6-v2-int8": 384, "multilingual-e5-small-q4": 384, "nomic-embed-text-v1.5-f16-onnx": 768}
 
 
 def _unit_rows(vectors: np.ndarray) -> bool:
@@ -58,10 +67,10 @@ def _unit_rows(vectors: np.ndarray) -> bool:
 
 def test_shape_dtype_and_unit_norm(model: Embedder) -> None:
     assert isinstance(model, Embedder)
-    assert model.dims == 384
+    assert model.dims == DIMS[model.name]
     for vectors in (model.embed_queries(["where is my thermostat"]), model.embed_passages(["a", "b c", ""])):
         assert vectors.dtype == np.float32
-        assert vectors.shape[1] == 384
+        assert vectors.shape[1] == model.dims
         assert _unit_rows(vectors)
 
 
@@ -77,7 +86,7 @@ def test_long_texts_are_cut_with_one_warning(model: Embedder) -> None:
     with pytest.warns(TruncationWarning, match="2 texts were longer than 256 tokens") as caught:
         vectors = model.embed_passages([LONG_TEXT, "short text", LONG_TEXT[::-1]])
     assert len([w for w in caught if issubclass(w.category, TruncationWarning)]) == 1
-    assert vectors.shape == (3, 384) and _unit_rows(vectors)
+    assert vectors.shape == (3, model.dims) and _unit_rows(vectors)
     # The cut keeps the start: the vector stays close to the vector of the start alone.
     start = model.embed_passages([LONG_TEXT[:600]])[0]
     assert vectors[0] @ start > 0.9
@@ -90,7 +99,7 @@ def test_short_texts_do_not_warn(model: Embedder) -> None:
 
 
 def test_empty_batch_and_bare_string(model: Embedder) -> None:
-    assert model.embed_passages([]).shape == (0, 384)
+    assert model.embed_passages([]).shape == (0, model.dims)
     with pytest.raises(EmbeddingError, match="not a single str"):
         model.embed_queries("one text")
 
@@ -127,7 +136,17 @@ def test_onnx_cls_pooling_and_prefixes(minilm: Embedder) -> None:
     assert isinstance(MiniLM(), OnnxEmbedder)
 
 
-def test_throughput(minilm: Embedder, e5: Embedder, capsys: pytest.CaptureFixture[str]) -> None:
+def test_nomic_uses_its_task_prefixes(nomic: Embedder) -> None:
+    text = ["the porch light turns on at sunset"]
+    assert not np.allclose(nomic.embed_queries(text), nomic.embed_passages(text))  # search_query: / search_document:
+
+
+def test_nomic_not_built_says_how_to_build(tmp_path: Path) -> None:
+    with pytest.raises(EmbeddingError, match="atlas model build"):
+        Nomic(tmp_path)
+
+
+def test_throughput(minilm: Embedder, e5: Embedder, nomic: Embedder, capsys: pytest.CaptureFixture[str]) -> None:
     """Measured, not asserted: machines differ."""
     rooms = ["kitchen", "garage", "porch", "bedroom", "office"]
     sentences = [
@@ -135,7 +154,7 @@ def test_throughput(minilm: Embedder, e5: Embedder, capsys: pytest.CaptureFixtur
         for i in range(500)
     ]
     rates = {}
-    for model in (minilm, e5):
+    for model in (minilm, e5, nomic):
         started = time.perf_counter()
         model.embed_passages(sentences)
         rates[model.name] = len(sentences) / (time.perf_counter() - started)
@@ -278,6 +297,7 @@ def test_sentence_transformers_missing_package() -> None:
 def test_load_embedder_specs(tmp_path: Path, minilm: Embedder, stub_server: tuple[str, list[dict]]) -> None:
     assert load_embedder(" MiniLM ") is minilm
     assert isinstance(load_embedder("e5"), E5Small)
+    assert isinstance(load_embedder("Nomic"), Nomic)
     cached = load_embedder("minilm", cache_dir=tmp_path)
     assert isinstance(cached, CachedEmbedder) and cached.inner is minilm
     assert (tmp_path / "embeddings.sqlite").is_file()

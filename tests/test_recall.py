@@ -14,7 +14,7 @@ from atlas.memory import build_document, bulk_load, forget_memory, passage_text,
 from atlas.recall import build_recall_requests, recall, rrf_fuse, to_kibana
 from atlas.store import open_store
 
-from .conftest import NOW
+from .conftest import NOW, make_prefix
 
 
 def test_same_turn_visibility(store):
@@ -89,11 +89,18 @@ def test_the_priors_sit_in_the_bm25_path_only(store):
     assert dense.hits[0].path_scores == {"dense": pytest.approx((1 + cosine) / 2, abs=1e-4)}
 
 
-def test_a_prefix_written_by_another_model_is_refused(store):
-    write_memory(store, "sarah", "The hub lives in the hallway cupboard", "semantic")
-    other = load_embedder("minilm" if store.embedder.name != load_embedder("minilm").name else "e5")
-    with pytest.raises(SchemaMismatch, match="`embedding` holds vectors of"):
-        open_store(store.prefix, es=store.es, embedder=other, tenancy=False)
+def test_a_prefix_written_by_another_model_is_refused(es):
+    first = open_store(make_prefix("other-model"), es=es, embedder=load_embedder("minilm"), second_stage=None,
+                       tenancy=False)
+    try:
+        write_memory(first, "sarah", "The hub lives in the hallway cupboard", "semantic")
+        # e5 has MiniLM's 384 dimensions: only the recorded model name tells the two spaces apart.
+        with pytest.raises(SchemaMismatch, match="`embedding` holds vectors of all-MiniLM"):
+            open_store(first.prefix, es=es, embedder=load_embedder("e5"), second_stage=None, tenancy=False)
+        with pytest.raises(SchemaMismatch, match="768"):  # nomic, the default, is wider
+            open_store(first.prefix, es=es, second_stage=None, tenancy=False)
+    finally:
+        first.drop()
 
 
 def test_superseded_hidden_unless_asked(store):

