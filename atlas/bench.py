@@ -45,6 +45,7 @@ from .recall import recall
 from .rerank import load_second_stage
 from .schemas import MODEL_FIELDS, all_indices, check_prefix, drop_indices, index_name
 from .store import Store, open_store
+from .tenancy import forget_prefix_keys
 
 #: The fixed "now" of the synthetic corpus and of every recall.
 BENCH_NOW = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)
@@ -319,11 +320,16 @@ def measure_ingest_with_embedding(store: Store, rng: random.Random, count: int, 
 
 
 def index_size(es: Elasticsearch, prefix: str) -> dict:
-    """Bytes on disk of the prefix's primaries (after a flush; not force-merged)."""
+    """Bytes on disk of the prefix's primary segments (after a flush; not force-merged).
+
+    Summed from `_cat/segments`, because `_stats`' store size is cached for
+    `index.store.stats_refresh_interval` (10 s) and read an index loaded faster than that as empty.
+    """
     indices = ",".join(all_indices(prefix))
     es.indices.flush(index=indices)
-    stats = es.indices.stats(index=indices, metric="store,docs")["_all"]["primaries"]
-    docs, size = stats["docs"]["count"], stats["store"]["size_in_bytes"]
+    docs = es.indices.stats(index=indices, metric="docs")["_all"]["primaries"]["docs"]["count"]
+    segments = es.cat.segments(index=indices, format="json", bytes="b")
+    size = sum(int(segment["size"]) for segment in segments if segment["prirep"] == "p")
     return {"docs": docs, "bytes": size, "bytes_per_1k": size / max(docs, 1) * 1000}
 
 
@@ -380,10 +386,15 @@ def check_scales(scales: Sequence[int]) -> tuple[int, ...]:
 
 
 def bench_store(prefix: str, settings: Settings, es: Elasticsearch) -> Store:
-    """A store on a fresh prefix whose models embed every query and write for real (no cache)."""
+    """A store on a fresh prefix whose models embed every query and write for real (no cache).
+
+    The indices and read keys an interrupted run left are dropped, so that key creation is measured.
+    """
     drop_indices(es, prefix)
-    return open_store(prefix, settings=settings, es=es, embedder=load_embedder(settings.embedder),
-                      second_stage=load_second_stage(settings.reranker), now=lambda: BENCH_NOW)
+    store = open_store(prefix, settings=settings, es=es, embedder=load_embedder(settings.embedder),
+                       second_stage=load_second_stage(settings.reranker), now=lambda: BENCH_NOW)
+    forget_prefix_keys(store)
+    return store
 
 
 def run(*, quick: bool = False, plan: Plan | None = None, scales: Sequence[int] | None = None, prefix: str = "bench",
@@ -415,7 +426,8 @@ def run(*, quick: bool = False, plan: Plan | None = None, scales: Sequence[int] 
             opened.append(store)
             results["meta"]["reads"] = "per-user DLS keys" if store.reader is not None else "service credential"
             specs = _specs(store, settings)
-            clauses = clauses or ClauseVectors(pool, {field: load_embedder(spec, cache_dir=settings.embedding_cache_dir)
+            clauses = clauses or ClauseVectors(pool, {field: load_embedder(spec, cache_dir=settings.embedding_cache_dir,
+                                                                           progress=None if progress else False)
                                                       for field, spec in specs.items()})
             _bench_scale(results, plan, store, synthetic_corpus(scale, clauses, rng, now), clauses, asked, rng, now,
                          seed, progress)

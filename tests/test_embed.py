@@ -56,7 +56,7 @@ def model(request: pytest.FixtureRequest) -> Embedder:
     return request.getfixturevalue(request.param)
 
 
-DIMS = {"all-MiniLM-L6-v2-int8": 384, "multilingual-e5-small-q4": 384, "nomic-embed-text-v1.5-f16-onnx": 768}
+DIMS = {"all-MiniLM-L6-v2-int8": 384, "multilingual-e5-small-q4": 384, "nomic-embed-text-v1.5-int8-onnx": 768}
 
 
 def _unit_rows(vectors: np.ndarray) -> bool:
@@ -141,6 +141,20 @@ def test_nomic_uses_its_task_prefixes(nomic: Embedder) -> None:
     assert not np.allclose(nomic.embed_queries(text), nomic.embed_passages(text))  # search_query: / search_document:
 
 
+def test_nomic_int8_keeps_the_fp32_models_ranking(nomic: Embedder) -> None:
+    """The default is the quantized model; it must order passages as the fp32 model does."""
+    fp32 = load_embedder("nomic-fp32")
+    queries = ["when did I reset the hub?", "what breed is the dog?", "which city did we move to?"]
+    passages = ["We reset the Lumio hub in March.", "Our beagle chews the sensor cables.",
+                "We moved from Bristol to Edinburgh.", "The nursery goes quiet at 7pm."]
+    q8, q32 = nomic.embed_queries(queries), fp32.embed_queries(queries)
+    p8, p32 = nomic.embed_passages(passages), fp32.embed_passages(passages)
+    assert nomic.name.endswith("int8-onnx") and fp32.name.endswith("f16-onnx")
+    assert np.all(np.sum(p8 * p32, axis=1) > 0.95)
+    assert np.array_equal((q8 @ p8.T).argmax(axis=1), [0, 1, 2])
+    assert np.array_equal((q32 @ p32.T).argmax(axis=1), [0, 1, 2])
+
+
 def test_nomic_not_built_says_how_to_build(tmp_path: Path) -> None:
     with pytest.raises(EmbeddingError, match="atlas model build"):
         Nomic(tmp_path)
@@ -218,6 +232,14 @@ def test_cache_batches_large_fills_with_progress(tmp_path: Path) -> None:
     vectors = CachedEmbedder(inner, tmp_path, batch_size=128, progress=False).embed_passages(texts)
     assert [len(batch) for _, batch in inner.calls] == [128, 128, 44]
     np.testing.assert_allclose(vectors, inner.embed_passages(texts), atol=1e-7)
+
+
+def test_the_cache_bar_follows_the_progress_setting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    texts = [f"the sensor number {i} went offline" for i in range(70)]  # more than 64 new texts
+    load_embedder("minilm", cache_dir=tmp_path / "quiet", progress=False).embed_passages(texts)
+    assert capsys.readouterr().err == ""
+    load_embedder("minilm", cache_dir=tmp_path / "default").embed_passages(texts)
+    assert "70/70" in capsys.readouterr().err
 
 
 def test_cache_wraps_a_real_model(tmp_path: Path, minilm: Embedder) -> None:

@@ -103,11 +103,33 @@ def test_graph_matches_the_numpy_forward_pass():
 
 
 def test_a_built_model_is_kept_without_asking_the_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "model.onnx").write_bytes(b"built before")
+    for name in ("model.onnx", "model.int8.onnx"):
+        (tmp_path / name).write_bytes(b"built before")
     (tmp_path / "tokenizer.json").write_text("{}")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("the build went to the network"))
-    assert nomic.build(tmp_path) == tmp_path / "model.onnx"
-    assert (tmp_path / "model.onnx").read_bytes() == b"built before"
+    assert nomic.build(tmp_path) == tmp_path / "model.int8.onnx"
+    assert (tmp_path / "model.onnx").read_bytes() == (tmp_path / "model.int8.onnx").read_bytes() == b"built before"
+
+
+def test_a_missing_int8_model_is_quantized_from_fp32_and_stays_close(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnx
+
+    reader = _reader(np.random.default_rng(3))
+    onnx.save(nomic.build_graph(reader), tmp_path / "model.onnx")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("the build went to the network"))
+    int8 = nomic.build(tmp_path)
+    assert int8 == tmp_path / "model.int8.onnx" and not (tmp_path / "model.int8.onnx.partial").exists()
+    graph = onnx.load(int8).graph
+    assert {n.op_type for n in graph.node} >= {"DynamicQuantizeLinear", "MatMulInteger"}
+    assert {i.data_type for i in graph.initializer if i.name.endswith("_quantized")} == {onnx.TensorProto.INT8}
+    ids = np.array([[1, 5, 7, 3, 2]], dtype=np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    outputs = [ort.InferenceSession(str(tmp_path / name), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+               for name in ("model.onnx", "model.int8.onnx")]
+    pooled = [o.mean(axis=1)[0] / np.linalg.norm(o.mean(axis=1)[0]) for o in outputs]
+    assert 0.99 < float(pooled[0] @ pooled[1]) < 0.99999  # changed by quantization, not broken by it
 
 
 def test_a_failed_download_is_a_clear_error_and_leaves_no_model(tmp_path: Path,

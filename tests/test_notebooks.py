@@ -6,6 +6,7 @@ without touching this file. nbval (`make test`) separately checks the committed 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -36,6 +37,18 @@ def test_notebook_follows_conventions(path):
         assert f"{name} =" in params[0].source, f"parameter {name} missing"
     last_code = [c for c in nb.cells if c.cell_type == "code"][-1]
     assert ".drop()" in last_code.source or "drop_indices" in last_code.source, "the last code cell drops the prefix"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_committed_outputs_hold_no_progress_bars(path):
+    """Whether a bar is drawn depends on the embedding cache, so nbval would see one output more or fewer.
+
+    Execute notebooks for a commit with warm caches (run them twice after a model change).
+    """
+    nb = nbformat.read(path, as_version=4)
+    bars = [i for i, cell in enumerate(nb.cells) for out in cell.get("outputs", [])  # text, or a widget's text/plain
+            if re.search(r"\d+%\|", out.get("text", "") + out.get("data", {}).get("text/plain", ""))]
+    assert not bars, f"{path.name}: progress bars in the committed outputs of cells {bars}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
