@@ -99,6 +99,19 @@ def _package_dir(package: str) -> Path:
 
 # --- local ONNX ----------------------------------------------------------------
 
+def quantizes_per_batch(model_path: Path) -> bool:
+    """Whether the graph quantizes activations dynamically, with one scale per tensor.
+
+    That tensor is the whole padded batch, so a text's vector would depend on the texts batched with
+    it (nomic int8: cosine down to 0.98 between a text embedded alone and in a batch), and recorded
+    results would depend on the embedding cache's history.
+    """
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    return any(node.op_type == "DynamicQuantizeLinear" for node in graph.node)
+
+
 class OnnxEmbedder:
     """A sentence-embedding model exported to ONNX, run with onnxruntime and a `tokenizers` file.
 
@@ -106,6 +119,7 @@ class OnnxEmbedder:
     `query_prefix`/`passage_prefix` serve asymmetric models such as e5 ("query: ").
     `sha256` pins the exact file, because vectors of another file live in another space.
     Texts are sorted by length and padded per batch, which keeps padding (wasted work) small.
+    A dynamically quantized model embeds one text at a time (`quantizes_per_batch`).
     """
 
     def __init__(
@@ -141,7 +155,7 @@ class OnnxEmbedder:
         self.max_tokens = max_tokens
         self.query_prefix = query_prefix
         self.passage_prefix = passage_prefix
-        self.batch_size = batch_size
+        self.batch_size = 1 if quantizes_per_batch(model_path) else batch_size
         tokenizer = Tokenizer.from_file(str(tokenizer_path))
         self._pad_id = int(tokenizer.padding["pad_id"]) if tokenizer.padding else 0
         tokenizer.no_padding()  # files often pin a fixed length; we pad per batch instead

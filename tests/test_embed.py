@@ -141,6 +141,15 @@ def test_nomic_uses_its_task_prefixes(nomic: Embedder) -> None:
     assert not np.allclose(nomic.embed_queries(text), nomic.embed_passages(text))  # search_query: / search_document:
 
 
+def test_a_vector_does_not_depend_on_the_batch(model: Embedder) -> None:
+    """The same text, alone and among longer and shorter ones, gets the same vector (the cache relies on it)."""
+    texts = [f"the {room} sensor went offline" + " after the update" * (i % 5) for i, room in
+             enumerate(["porch", "garage", "nursery", "hallway", "office", "kitchen"] * 4)]
+    alone = np.stack([model.embed_passages([text])[0] for text in texts[:6]])
+    batched = model.embed_passages(texts)[:6]
+    assert float(np.min(np.sum(alone * batched, axis=1))) > 0.99999
+
+
 def test_nomic_int8_keeps_the_fp32_models_ranking(nomic: Embedder) -> None:
     """The default is the quantized model; it must order passages as the fp32 model does."""
     fp32 = load_embedder("nomic-fp32")

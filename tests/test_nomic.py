@@ -18,6 +18,7 @@ import onnxruntime as ort
 import pytest
 
 from atlas import nomic
+from atlas.embed import quantizes_per_batch
 from atlas.errors import EmbeddingError
 
 LAYERS, WIDTH, HEADS, FFN, VOCAB = 2, 16, 2, 24, 12
@@ -124,6 +125,7 @@ def test_a_missing_int8_model_is_quantized_from_fp32_and_stays_close(tmp_path: P
     graph = onnx.load(int8).graph
     assert {n.op_type for n in graph.node} >= {"DynamicQuantizeLinear", "MatMulInteger"}
     assert {i.data_type for i in graph.initializer if i.name.endswith("_quantized")} == {onnx.TensorProto.INT8}
+    assert quantizes_per_batch(int8) and not quantizes_per_batch(tmp_path / "model.onnx")  # so embedded one by one
     ids = np.array([[1, 5, 7, 3, 2]], dtype=np.int64)
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     outputs = [ort.InferenceSession(str(tmp_path / name), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
