@@ -314,9 +314,14 @@ def enable_tenancy(store: Store) -> None:
     store.provision = lambda user_id: ensure_user_key(store, user_id)
 
 
+def live_prefix_keys_query(prefix: str) -> dict:
+    """The `_security/_query/api_key` query for the prefix's keys that are not invalidated."""
+    return {"bool": {"filter": [{"term": {"metadata.atlas_prefix": prefix}}, {"term": {"invalidated": False}}]}}
+
+
 def forget_prefix_keys(store: Store) -> None:
     """Invalidate every key made for the prefix (by the library, the CLI or a test) and drop them from the file."""
-    query = {"bool": {"filter": [{"term": {"metadata.atlas_prefix": store.prefix}}, {"term": {"invalidated": False}}]}}
+    query = live_prefix_keys_query(store.prefix)
     ids = [key["id"] for key in store.es.security.query_api_keys(query=query, size=1000)["api_keys"]]
     if ids:
         store.es.security.invalidate_api_key(ids=ids)

@@ -7,7 +7,7 @@ import pytest
 from atlas.bench import bench_store, index_size
 from atlas.config import read_secret
 from atlas.memory import write_episode
-from atlas.tenancy import users_path
+from atlas.tenancy import live_prefix_keys_query, users_path
 
 pytestmark = pytest.mark.cluster
 
@@ -26,7 +26,7 @@ def test_index_size_sees_documents_written_just_before(store) -> None:
 def test_a_bench_store_drops_what_an_interrupted_run_left(store) -> None:
     """Indices and read keys of the prefix go, so the next run measures key creation again."""
     write_episode(store, "leftover", "The porch light stays on all night.")
-    query = {"bool": {"filter": [{"term": {"metadata.atlas_prefix": store.prefix}}, {"term": {"invalidated": False}}]}}
+    query = live_prefix_keys_query(store.prefix)
     assert store.es.security.query_api_keys(query=query)["api_keys"]
     fresh = bench_store(store.prefix, store.settings, store.es)
     assert not store.es.security.query_api_keys(query=query)["api_keys"]

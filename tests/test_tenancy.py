@@ -45,6 +45,7 @@ from atlas.tenancy import (
     create_user_key,
     inspect_credential,
     list_user_keys,
+    live_prefix_keys_query,
     revoke_user_key,
     rotate_user_key,
     user_client,
@@ -155,7 +156,7 @@ def test_drop_invalidates_the_prefix_keys(es, tmp_path):
     store.settings = replace(store.settings, home=tmp_path)
     write_episode(store, "alice", "hello", "s1")
     store.drop()
-    query = {"bool": {"filter": [{"term": {"metadata.atlas_prefix": store.prefix}}, {"term": {"invalidated": False}}]}}
+    query = live_prefix_keys_query(store.prefix)
     assert es.security.query_api_keys(query=query)["api_keys"] == []
     assert store.prefix not in (read_secret(users_path(store.settings)) or {})
 
