@@ -216,9 +216,38 @@ def persona_report(rows: Sequence[dict], questions: Sequence[EvalQuestion], text
             "gate": {"mode": C.DEFAULT_RECALL_MODE, **PERSONA_GATE}}
 
 
-def locomo_report(rows: Sequence[dict], *, seed: int = CI_SEED) -> dict:
+#: What each evidence turn the default mode misses at 10 is checked for: in a single path's top 10, in
+#: either's, and in either's top 50 (the deepest ranking a row keeps).
+MISSED_METRICS = ("bm25@10", "dense@10", "either@10", "either@50")
+
+
+def missed_evidence(rows: Sequence[dict], questions: Sequence[EvalQuestion]) -> list[dict]:
+    """One row per evidence turn of the main set that the default mode misses at 10: which path ranked it?
+
+    A turn in neither path's top 50 is lost before fusion: no fusion constant, second stage or
+    reordering brings it back, only a better first stage. Empty unless the run holds the
+    default mode and both single-path modes (`bm25`, `dense`).
+    """
+    modes = by_mode(rows)
+    if not {C.DEFAULT_RECALL_MODE, "bm25", "dense"} <= modes.keys():
+        return []
+    ranked = {mode: {row["qid"]: row["ranked"] for row in mode_rows} for mode, mode_rows in modes.items()}
+    main_names = {CATEGORY_NAMES[c] for c in MAIN_CATEGORIES}
+    out = []
+    for q in questions:
+        if q.group not in main_names:
+            continue
+        bm25, dense = ranked["bm25"][q.qid], ranked["dense"][q.qid]
+        for key in sorted(set(q.relevant) - set(ranked[C.DEFAULT_RECALL_MODE][q.qid][:10])):
+            out.append({"group": q.group, "bm25@10": key in bm25[:10], "dense@10": key in dense[:10],
+                        "either@10": key in bm25[:10] + dense[:10], "either@50": key in bm25[:50] + dense[:50]})
+    return out
+
+
+def locomo_report(rows: Sequence[dict], questions: Sequence[EvalQuestion], *, seed: int = CI_SEED) -> dict:
     """Per mode: the main set (categories 1-4) per category, adversarial apart, and the paper's all-questions
-    recall per category and per conversation (one tenant each: does one conversation carry the mean?)."""
+    recall per category and per conversation (one tenant each: does one conversation carry the mean?); with
+    both single-path modes, where the default mode's missed evidence stood in each path (`missed`)."""
     metrics = metric_names(LOCOMO_KS)
     paper = [f"paper_r@{k}" for k in LOCOMO_KS]
     main_names = {CATEGORY_NAMES[c] for c in MAIN_CATEGORIES}
@@ -233,9 +262,11 @@ def locomo_report(rows: Sequence[dict], *, seed: int = CI_SEED) -> dict:
                        | {"by_conversation": _summary(mode_rows, paper, "user_id", "conversation", seed)["by_conversation"]},
                        **_costs(mode_rows)}
     qids = {r["qid"] for r in rows}
+    missed = missed_evidence(rows, questions)
     return {"dataset": "locomo", "questions": len(qids), "conversations": len({q.split(":")[0] for q in qids}),
             "ks": list(LOCOMO_KS), "by_mode": modes, "leaks": sum(m["leaks"] for m in modes.values()),
-            "reference": PAPER_REFERENCE}
+            "reference": PAPER_REFERENCE,
+            **({"missed": _summary(missed, MISSED_METRICS, "group", "category", seed)} if missed else {})}
 
 
 def fingerprint(docs: Sequence[Mapping], asked: Sequence[EvalQuestion]) -> str:
@@ -277,7 +308,7 @@ def evaluate_locomo(store: Store, conversations: Sequence[Conversation], *,
     asked = locomo_questions(conversations)
     reads = read_as_users(store, [conv.tenant_id for conv in conversations])
     rows = ask_all(store, asked, modes, LOCOMO_KS, progress=progress)
-    return locomo_report(rows, seed=seed) | {"data_sha256": fingerprint(locomo_documents(conversations), asked),
+    return locomo_report(rows, asked, seed=seed) | {"data_sha256": fingerprint(locomo_documents(conversations), asked),
                                   "setup": setup(store, reads), "seconds": time.perf_counter() - started}
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import constants as C
 from .display import Table, table, truncate
-from .evaluate import REFERENCE_DESIGN
+from .evaluate import MISSED_METRICS, REFERENCE_DESIGN
 from .locomo import ADVERSARIAL, CATEGORY_NAMES, MAIN_CATEGORIES, PAPER_REFERENCE
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -83,6 +83,9 @@ def published_paths(report: Mapping) -> list[str]:
             paths += [f"{at}.all.paper_r@{k}" for k in ks]
             paths += [f"{at}.all.by_category.{c}.paper_r@10" for c in summary["all"]["by_category"]]
             paths += [f"{at}.all.by_conversation.{c}.paper_r@10" for c in summary["all"]["by_conversation"]]
+    if "missed" in report:
+        groups = ["missed", *(f"missed.by_category.{c}" for c in report["missed"]["by_category"])]
+        paths += [f"{at}.{m}" for at in groups for m in ("n", *MISSED_METRICS)]
     return paths
 
 
@@ -99,6 +102,8 @@ def entry(report: Mapping, path: str) -> dict:
         return {"value": round(float(value)), "tolerance": None}  # type: ignore[arg-type]
     if path.endswith("leaks"):
         return {"value": int(value), "tolerance": 0}  # type: ignore[arg-type]
+    if path.endswith(".n"):
+        return {"value": int(value), "tolerance": max(1, round(MIN_TOLERANCE * int(value)))}  # type: ignore[arg-type]
     tolerance = max(MIN_TOLERANCE, 1 / _group_size(report, path))
     ci = lookup(report, path + "_ci")
     return {"value": round(float(value), 4), "tolerance": round(tolerance, 4),  # type: ignore[arg-type]
@@ -246,6 +251,10 @@ def _locomo_tables(run: Mapping) -> dict[str, Table]:
     conversations = _groups(numbers, "all.by_conversation")
     paper_convs = [{"conversation": c, **{mode: _value(numbers, f"by_mode.{mode}.all.by_conversation.{c}.paper_r@10")
                                           for mode in modes}} for c in conversations]
+    missed = [{"category": c, "missed turns": _value(numbers, f"{at}.n"),
+               **{f"in {m}": _value(numbers, f"{at}.{m}", ci=m == "either@50") for m in MISSED_METRICS}}
+              for c, at in [("all", "missed"), *((c, f"missed.by_category.{c}") for c in names)]
+              if f"{at}.n" in numbers]
     costs = [{"mode": mode, "p50 ms": _value(numbers, f"by_mode.{mode}.latency_ms.latency.p50"),
               "p95 ms": _value(numbers, f"by_mode.{mode}.latency_ms.latency.p95"),
               "leaks": _value(numbers, f"by_mode.{mode}.leaks")} for mode in modes]
@@ -259,6 +268,9 @@ def _locomo_tables(run: Mapping) -> dict[str, Table]:
             **({"paper_conversations": _table(paper_convs, "All questions, R@10 per conversation (the paper's "
                                                           f"{PAPER_REFERENCE['r@10']:.3f} is over all 10)")}
                if paper_convs else {}),
+            **({"missed": _table(missed, f"Evidence turns (main set) that {C.DEFAULT_RECALL_MODE} misses at 10: the "
+                                         "share each single path (bm25, dense) ranks in its top 10 or 50")}
+               if missed else {}),
             "costs": _table(costs, "Recall latency (this machine; not checked) and leaks")}
 
 

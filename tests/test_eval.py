@@ -25,7 +25,7 @@ from atlas.cli import app
 from atlas.datasets import (PERSONA_NOW, load_persona, persona_document, persona_documents, persona_links,
                             read_persona_corpus, read_persona_questions, stored_state)
 from atlas.errors import AtlasError
-from atlas.evaluate import PERSONA_GATE, EvalQuestion, evaluate_locomo, evaluate_persona, score
+from atlas.evaluate import PERSONA_GATE, EvalQuestion, evaluate_locomo, evaluate_persona, missed_evidence, score
 from atlas.locomo import PAPER_REFERENCE, default_path, load_conversations
 from atlas.memory import bulk_load
 from atlas.schemas import all_indices
@@ -84,6 +84,25 @@ def test_paper_scoring_of_missing_and_unresolvable_evidence():
     assert score(question(()), ["a"], (5,)) == {"paper_r@5": 1.0}
     got = score(question(("a",), unresolved=1), ["a"], (5,))
     assert got["r@5"] == 1.0 and got["paper_r@5"] == 0.5
+
+
+def test_missed_evidence_says_which_path_ranked_it():
+    """b is in bm25's top 10, c only in dense's top 50, d in neither; adversarial questions do not count."""
+    asked = [replace(question(("a", "b", "c")), qid="q1", group="multi-hop"),
+             replace(question(("d",)), qid="q2", group="single-hop"),
+             replace(question(("e",)), qid="q3", group="adversarial")]
+    filler = [f"x{i}" for i in range(60)]
+    rankings = {C.DEFAULT_RECALL_MODE: {"q1": ["a", *filler], "q2": filler, "q3": filler},
+                "bm25": {"q1": ["b", *filler], "q2": filler, "q3": ["e"]},
+                "dense": {"q1": [*filler[:30], "c"], "q2": filler, "q3": filler}}
+    rows = [{"mode": mode, "qid": qid, "ranked": ranked} for mode, by_qid in rankings.items()
+            for qid, ranked in by_qid.items()]
+    got = missed_evidence(rows, asked)
+    assert got == [
+        {"group": "multi-hop", "bm25@10": True, "dense@10": False, "either@10": True, "either@50": True},
+        {"group": "multi-hop", "bm25@10": False, "dense@10": False, "either@10": False, "either@50": True},
+        {"group": "single-hop", "bm25@10": False, "dense@10": False, "either@10": False, "either@50": False}]
+    assert missed_evidence([r for r in rows if r["mode"] != "dense"], asked) == []
 
 
 # --- loaders -------------------------------------------------------------------------------------
