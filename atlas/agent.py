@@ -126,9 +126,10 @@ class Agent:
         return self.client is not None and bool(self.model)
 
     def turn(self, message: str) -> TurnResult:
-        # The message answers the assistant's last reply: stored as its context, searched and embedded with it.
-        last_reply = self.history[-1]["content"] if self.history else None
-        episode_id = write_episode(self.store, self.user_id, message, self.session_id, context=last_reply or None)
+        # The message follows the last exchange (the user's previous message, the assistant's reply): stored as
+        # its context and searched; the reply it answers is also embedded with it.
+        exchange = [m["content"] for m in self.history[-C.CONTEXT_MESSAGES:] if m["content"]]
+        episode_id = write_episode(self.store, self.user_id, message, self.session_id, context=exchange or None)
         recalled = pre_recall(self.store, self.user_id, message, k=self.k)
         messages = [{"role": "system", "content": SYSTEM_PROMPT}, *self.history, {"role": "user", "content": message},
                     *injected_recall(message, self.k, recalled)]

@@ -41,10 +41,15 @@ RERANK_POOL = 40
 #: Weight of the fused-rank prior (z-scored RRF) against the second model's z-scored similarity.
 RERANK_RRF_WEIGHT = 1.0
 #: Weights in the BM25 path, `text` (stemmed) having 1: `text.exact` (whole tokens such as "E-0x41";
-#: at full weight its unstemmed stop words outvote the content words) and `context` (the turn an
-#: episode replies to).
+#: at full weight its unstemmed stop words outvote the content words) and `context` (the messages an
+#: episode follows).
 EXACT_BOOST = 0.3
 CONTEXT_BOOST = 0.4
+#: An episode's `context` as the loaders and the agent build it: the messages before it in its session,
+#: oldest first, at most this many (for an agent: the user's previous message and its own last reply).
+#: BM25 searches them all; only the last, the one the turn replies to, is embedded with the text: with
+#: more, mean pooling drowned the turn's own words (docs/evaluation.md, change 11).
+CONTEXT_MESSAGES = 2
 #: Stop words of the `english` analyzer of `text` and `context`: Lucene's English set plus
 #: pronouns, auxiliaries and question words, which a question shares with every chatty turn.
 ENGLISH_STOPWORDS: tuple[str, ...] = tuple(sorted(set("""

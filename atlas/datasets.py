@@ -9,7 +9,6 @@ notebook or CI run pays for indexing (and embedding, cached on disk) only once.
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Literal, get_args
 from elasticsearch import helpers
 from tqdm.auto import tqdm
 
+from . import constants as C
 from .clock import es_date
 from .errors import AtlasError
 from .locomo import Conversation, turn_memories
@@ -81,21 +81,25 @@ def read_persona_questions(path: Path = PERSONA_DIR) -> list[PersonaQuestion]:
 # --- building documents (pure) ------------------------------------------------------------
 
 
-def session_contexts(corpus: Sequence[Mapping]) -> dict[str, str]:
-    """key -> the text of the episode before it in its session, for episodes that have one.
+def session_contexts(corpus: Sequence[Mapping]) -> dict[str, list[str]]:
+    """key -> the texts of the `CONTEXT_MESSAGES` episodes before it in its session, oldest first.
 
-    The corpus holds the user's turns only, so a turn's context is the user's previous message,
-    the nearest stand-in for the assistant's answer it replied to.
+    The corpus holds the user's turns only, so a turn's context is the user's previous messages,
+    the nearest stand-in for the exchange it follows (episodes that open a session have none).
     """
     sessions: dict[str, list[Mapping]] = {}
     for raw in corpus:
         if raw["memory_type"] == "episodic" and raw.get("session_id"):
             sessions.setdefault(raw["session_id"], []).append(raw)
-    return {turn["key"]: before["text"] for turns in sessions.values()
-            for before, turn in itertools.pairwise(sorted(turns, key=lambda t: t["timestamp"]))}
+    contexts = {}
+    for turns in sessions.values():
+        ordered = sorted(turns, key=lambda t: t["timestamp"])
+        contexts |= {turn["key"]: [before["text"] for before in ordered[max(0, i - C.CONTEXT_MESSAGES):i]]
+                     for i, turn in enumerate(ordered) if i}
+    return contexts
 
 
-def persona_document(raw: Mapping, context: str | None = None) -> dict:
+def persona_document(raw: Mapping, context: list[str] | None = None) -> dict:
     """The stored form of one corpus line, without links (they need ids) and without vectors.
 
     Dates, counters and confidence are the data's; `build_document` fills only what a

@@ -19,6 +19,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from . import constants as C
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PATH_ENV_VAR = "ATLAS_LOCOMO_PATH"
 #: The development split (7 of the 10 conversations), shared beside the repository.
@@ -185,13 +187,14 @@ def turn_memories(conv: Conversation) -> list[dict[str, Any]]:
     """One episodic memory per turn, ready to write under the conversation's tenant.
 
     A session has one date, so turn i gets it plus i seconds: a recency sort then
-    keeps the dialog order. Each turn's `context` is the turn it replies to, the one before it
-    in its session, as an agent would pass its own last answer (`write_episode(context=...)`).
+    keeps the dialog order. Each turn's `context` is the `CONTEXT_MESSAGES` turns before it in its
+    session, ending with the one it replies to, as the agent passes the last exchange
+    (`write_episode(context=...)`).
     """
     return [
         {
             "text": turn_text(turn),
-            "context": turn_text(session.turns[i - 1]) if i else None,
+            "context": [turn_text(t) for t in session.turns[max(0, i - C.CONTEXT_MESSAGES):i]] or None,
             "timestamp": (session.started_at + timedelta(seconds=i)).isoformat().replace("+00:00", "Z"),
             "session_id": f"{conv.sample_id}:session_{session.number}",
             "source_key": source_key(conv.sample_id, turn.dia_id),

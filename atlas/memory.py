@@ -23,7 +23,7 @@ from .errors import ConflictError, NotFound, ValidationError
 from .schemas import MODEL_FIELDS, archive_name, index_name
 from .scoring import smoothed_success_rate
 from .store import Store
-from .validation import (check_choice, check_flag, check_id, check_ids, check_label, check_steps, check_text,
+from .validation import (check_choice, check_context, check_flag, check_id, check_ids, check_label, check_steps, check_text,
                          check_type, check_user, check_when)
 
 VECTOR_FIELDS = ("embedding", "rerank_embedding")
@@ -60,9 +60,12 @@ def build_document(user_id: str | None, text: str, memory_type: C.MemoryType, no
 
 
 def passage_text(doc: dict) -> str:
-    """What is embedded: the text, after the turn it replies to when there is one (a bare "yes, that
-    one" means nothing alone)."""
-    return f"{doc['context']}\n{doc['text']}" if doc.get("context") else doc["text"]
+    """What is embedded: the text, after the message it replies to when there is one (a bare "yes,
+    that one" means nothing alone). Earlier messages of the context are searched by BM25 only."""
+    context = doc.get("context")
+    if not context:
+        return doc["text"]
+    return f"{context if isinstance(context, str) else context[-1]}\n{doc['text']}"
 
 
 def embed_documents(store: Store, docs: Sequence[dict]) -> None:
@@ -94,16 +97,17 @@ def _index(store: Store, doc: dict, *, refresh: str | None = None) -> str:
 
 
 def write_episode(store: Store, user_id: str, text: str, session_id: str | None = None,
-                  ts: datetime | None = None, context: str | None = None) -> str:
+                  ts: datetime | None = None, context: str | Sequence[str] | None = None) -> str:
     """Store the user's turn verbatim before the model answers; visible to a recall in the same turn.
 
-    `context` is the message the turn replies to (the assistant's last answer): stored beside
-    the text, searched at a lower weight and embedded with it.
+    `context` is the message the turn replies to (the assistant's last answer), or the messages it
+    follows, oldest first, ending with that one: stored beside the text and searched at a lower
+    weight; the message it replies to is also embedded with it.
     """
     check_user(user_id)
     check_text(text)
     if context is not None:
-        check_text(context, "context")
+        context = check_context(context)
     doc = build_document(user_id, text, "episodic", store.now(), session_id=check_label(session_id, "session_id"),
                          context=context)
     if ts is not None:
@@ -116,16 +120,16 @@ def write_memory(store: Store, user_id: str, text: str, memory_type: C.MemoryTyp
                  fact_type: C.FactType | None = None, confidence: float = 1.0,
                  supporting_episode_ids: Sequence[str] = (), session_id: str | None = None,
                  name: str | None = None, trigger: str | None = None, steps: Sequence[str] | None = None,
-                 context: str | None = None) -> str:
+                 context: str | Sequence[str] | None = None) -> str:
     """Write a fact, playbook or episode; with `supersedes_id`, retire the fact(s) it makes false.
 
-    `context` (episodes only) is the message the episode replies to, as in `write_episode`.
+    `context` (episodes only) is what the episode replies to, as in `write_episode`.
     """
     check_user(user_id)
     check_text(text)
     check_type(memory_type, C.USER_MEMORY_TYPES)
     if context is not None:
-        check_text(context, "context")
+        context = check_context(context)
         if memory_type != "episodic":
             raise ValidationError(f"only an episode has a context (the message it replies to), "
                                   f"not a {memory_type} memory")

@@ -110,6 +110,15 @@ def check_steps(steps: object, what: str = "steps") -> list[str]:
     return [check_text(step, f"each of {what}") for step in steps]
 
 
+def check_context(context: object) -> str | list[str]:
+    """An episode's context: the message it replies to, or the messages it follows, oldest first."""
+    if isinstance(context, str):
+        return check_text(context, "context")
+    if not isinstance(context, (list, tuple)) or not context:
+        raise ValidationError(f"context must be a text or a non-empty list of texts, not {context!r}")
+    return [check_text(message, "each message of context") for message in context]
+
+
 def check_flag(value: object, what: str) -> bool:
     if not isinstance(value, bool):
         raise ValidationError(f"{what} must be True or False, not {value!r}")

@@ -10,7 +10,7 @@ import pytest
 from atlas.agent import PRE_RECALL_CALL_ID, SYSTEM_PROMPT, Agent
 from atlas.constants import CONTRADICTIONS, MEMORY_TYPES
 from atlas.errors import LLMError
-from atlas.memory import write_episode, write_memory
+from atlas.memory import passage_text, write_episode, write_memory
 from atlas.recall import recall
 from atlas.tools import recall_payload
 
@@ -55,14 +55,15 @@ def test_the_recall_payload_names_the_period_it_boosted(store):
     assert "period" not in recall_payload(recall(store, "sarah", "the porch light", touch=False))
 
 
-def test_a_turn_is_stored_with_the_reply_it_answers(store):
+def test_a_turn_is_stored_with_the_exchange_it_follows(store):
     with scripted_llm([text("Which sensor did Biscuit chew?"), text("Thanks, noted.")]) as stub:
         agent = Agent(store, "sarah", settings=online(store, stub))
         first = agent.turn("Biscuit chewed a cable again")
         second = agent.turn("The one on the back door")
     get = lambda turn: store.es.get(index=f"{store.prefix}-episodic", id=turn.episode_id)["_source"]  # noqa: E731
     assert "context" not in get(first)
-    assert get(second)["context"] == "Which sensor did Biscuit chew?"
+    assert get(second)["context"] == ["Biscuit chewed a cable again", "Which sensor did Biscuit chew?"]
+    assert passage_text(get(second)) == "Which sensor did Biscuit chew?\nThe one on the back door"
 
 
 def test_scripted_supersession_through_the_loop(store):

@@ -125,12 +125,12 @@ def test_persona_documents_keep_the_data():
     assert "user_id" not in catalog and catalog["tags"] and catalog["title"] == "Lumio Hub v1"
 
 
-def test_an_episode_carries_the_previous_turn_of_its_session():
+def test_an_episode_carries_the_previous_turns_of_its_session():
     corpus = read_persona_corpus()
     by_key = {doc["source_key"]: doc for doc in persona_documents(corpus)}
     first, second = by_key["sarah-ep-031"], by_key["sarah-ep-032"]
-    assert "context" not in first and second["context"] == first["text"]
-    assert by_key["sarah-ep-034"]["context"] == by_key["sarah-ep-033"]["text"]
+    assert "context" not in first and second["context"] == [first["text"]]
+    assert by_key["sarah-ep-034"]["context"] == [by_key[f"sarah-ep-03{i}"]["text"] for i in (2, 3)]
     assert all("context" not in doc for doc in by_key.values() if doc["memory_type"] != "episodic")
 
 

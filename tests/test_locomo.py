@@ -124,8 +124,8 @@ def test_tiny_file_round_trip(tmp_path: Path) -> None:
         "memory_type": "episodic",
     }
     assert memories[1]["text"] == "Bob: Look [shared image: a cat]"
-    # Each turn replies to the one before it in its session; a session's first turn replies to nothing.
-    assert memories[1]["context"] == "Ann: Hi"
+    # A turn follows the turns before it in its session; a session's first turn follows nothing.
+    assert memories[1]["context"] == ["Ann: Hi"]
     assert memories[2]["context"] is None
     assert memories[1]["timestamp"] == "2023-05-08T13:56:01Z"
     assert memories[2]["timestamp"] == "2023-05-10T09:00:00Z"

@@ -211,6 +211,7 @@ def test_bad_recall_input(store, bad):
     dict(text=""), dict(memory_type="dreams"), dict(memory_type="catalog"), dict(contradiction="rude"),
     dict(supersedes_id="../../etc"), dict(confidence=2.0), dict(memory_type="procedural"),
     dict(context="Which hub?"), dict(memory_type="episodic", context=""),
+    dict(memory_type="episodic", context=[]), dict(memory_type="episodic", context=["Which hub?", " "]),
 ])
 def test_bad_write_input_writes_nothing(store, bad):
     args = {"text": "a fact", "memory_type": "semantic", **bad}
@@ -249,6 +250,17 @@ def test_episode_context_is_searched_and_embedded(store):
     assert passage_text(source) == f"{question}\nThe blue one by the back door"
     hits = recall(store, "sarah", "which cable did the dog chew", k=2, mode="bm25", touch=False)
     assert hits.ids()[0] == target and hits.hits[0].text == "The blue one by the back door"
+
+
+def test_earlier_context_is_searched_not_embedded(store):
+    """Of a context of several messages, BM25 searches all; only the last, the one replied to, is embedded."""
+    exchange = ["Biscuit chewed a cable again", "Assistant: Which one this time?"]
+    target = write_episode(store, "sarah", "The blue one by the back door", "s1", context=exchange)
+    source = store.es.get(index=f"{store.prefix}-episodic", id=target)["_source"]
+    assert source["context"] == exchange
+    assert passage_text(source) == "Assistant: Which one this time?\nThe blue one by the back door"
+    assert np.allclose(source["embedding"], store.embedder.embed_passages([passage_text(source)])[0], atol=1e-5)
+    assert recall(store, "sarah", "biscuit chewed", k=1, mode="bm25", touch=False).ids() == [target]
 
 
 def test_empty_context_writes_nothing(store):
