@@ -224,9 +224,9 @@ MISSED_METRICS = ("bm25@10", "dense@10", "either@10", "either@50")
 def missed_evidence(rows: Sequence[dict], questions: Sequence[EvalQuestion]) -> list[dict]:
     """One row per evidence turn of the main set that the default mode misses at 10: which path ranked it?
 
-    A turn in neither path's top 50 is lost before fusion: no fusion constant, second stage or
-    reordering brings it back, only a better first stage. Empty unless the run holds the
-    default mode and both single-path modes (`bm25`, `dense`).
+    A turn in neither path's top 50 is out of reach of fusion and the second stage (it could only
+    enter from a path's places 51-80): a better first stage must find it, not a new ranking of the
+    same candidates. Empty unless the run holds the default mode and both single-path modes.
     """
     modes = by_mode(rows)
     if not {C.DEFAULT_RECALL_MODE, "bm25", "dense"} <= modes.keys():

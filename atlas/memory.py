@@ -23,8 +23,8 @@ from .errors import ConflictError, NotFound, ValidationError
 from .schemas import MODEL_FIELDS, archive_name, index_name
 from .scoring import smoothed_success_rate
 from .store import Store
-from .validation import (check_choice, check_context, check_flag, check_id, check_ids, check_label, check_steps, check_text,
-                         check_type, check_user, check_when)
+from .validation import (check_choice, check_context, check_flag, check_id, check_ids, check_label, check_steps,
+                         check_text, check_type, check_user, check_when)
 
 VECTOR_FIELDS = ("embedding", "rerank_embedding")
 
