@@ -21,7 +21,7 @@ from . import constants as C
 from .config import Settings
 from .errors import LLMError
 from .llm import complete, first_message, llm_client, not_configured_message
-from .memory import write_episode
+from .memory import context_before, write_episode
 from .recall import RecallResult, pre_recall
 from .store import Store
 from .tools import (CONTRADICTION_MEANINGS, MEMORY_TYPE_MEANINGS, ToolResult, bullets, call_tool, error_result,
@@ -128,7 +128,7 @@ class Agent:
     def turn(self, message: str) -> TurnResult:
         # The message follows the last exchange (the user's previous message, the assistant's reply): stored as
         # its context and searched; the reply it answers is also embedded with it.
-        exchange = [m["content"] for m in self.history[-C.CONTEXT_MESSAGES:] if m["content"]]
+        exchange = [m["content"] for m in context_before(self.history, len(self.history)) if m["content"]]
         episode_id = write_episode(self.store, self.user_id, message, self.session_id, context=exchange or None)
         recalled = pre_recall(self.store, self.user_id, message, k=self.k)
         messages = [{"role": "system", "content": SYSTEM_PROMPT}, *self.history, {"role": "user", "content": message},

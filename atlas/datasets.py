@@ -19,11 +19,10 @@ from typing import Literal, get_args
 from elasticsearch import helpers
 from tqdm.auto import tqdm
 
-from . import constants as C
 from .clock import es_date
 from .errors import AtlasError
 from .locomo import Conversation, turn_memories
-from .memory import bulk_load, build_document, parse_when
+from .memory import bulk_load, build_document, context_before, parse_when
 from .schemas import index_name
 from .scoring import smoothed_success_rate
 from .store import Store
@@ -94,7 +93,7 @@ def session_contexts(corpus: Sequence[Mapping]) -> dict[str, list[str]]:
     contexts = {}
     for turns in sessions.values():
         ordered = sorted(turns, key=lambda t: t["timestamp"])
-        contexts |= {turn["key"]: [before["text"] for before in ordered[max(0, i - C.CONTEXT_MESSAGES):i]]
+        contexts |= {turn["key"]: [before["text"] for before in context_before(ordered, i)]
                      for i, turn in enumerate(ordered) if i}
     return contexts
 

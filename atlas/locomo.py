@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from . import constants as C
+from .memory import context_before
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PATH_ENV_VAR = "ATLAS_LOCOMO_PATH"
@@ -194,7 +194,7 @@ def turn_memories(conv: Conversation) -> list[dict[str, Any]]:
     return [
         {
             "text": turn_text(turn),
-            "context": [turn_text(t) for t in session.turns[max(0, i - C.CONTEXT_MESSAGES):i]] or None,
+            "context": [turn_text(before) for before in context_before(session.turns, i)] or None,
             "timestamp": (session.started_at + timedelta(seconds=i)).isoformat().replace("+00:00", "Z"),
             "session_id": f"{conv.sample_id}:session_{session.number}",
             "source_key": source_key(conv.sample_id, turn.dia_id),

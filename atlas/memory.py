@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
 from elasticsearch import ConflictError as ESConflict
 from elasticsearch import NotFoundError, helpers
@@ -57,6 +58,14 @@ def build_document(user_id: str | None, text: str, memory_type: C.MemoryType, no
         doc.update(success_count=0, failure_count=0, success_rate=smoothed_success_rate(0, 0))
     doc.update({k: (es_date(v) if isinstance(v, datetime) else v) for k, v in fields.items() if v is not None})
     return doc
+
+
+Message = TypeVar("Message")
+
+
+def context_before(messages: Sequence[Message], i: int) -> list[Message]:
+    """The context of a session's i-th message: the `CONTEXT_MESSAGES` messages before it, oldest first."""
+    return list(messages[max(0, i - C.CONTEXT_MESSAGES):i])
 
 
 def passage_text(doc: dict) -> str:
