@@ -10,6 +10,7 @@ notebook or CI run pays for indexing (and embedding, cached on disk) only once.
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,7 +24,6 @@ from .clock import es_date
 from .errors import AtlasError
 from .locomo import Conversation, turn_memories
 from .memory import bulk_load, build_document, context_before, parse_when
-from .schemas import index_name
 from .scoring import smoothed_success_rate
 from .store import Store
 from .validation import check_choice
@@ -191,9 +191,9 @@ def load_once(store: Store, docs: Sequence[dict], name: str, *,
               link: Callable[[KeyMap], dict[str, dict]] | None = None, progress: bool = True) -> KeyMap:
     """Index `docs` unless the prefix already holds exactly them; returns source_key -> id.
 
-    `link(ids) -> {key: partial doc}` adds fields that name other documents by id, in a
-    second pass (ids exist only after indexing). A prefix holding part of the data set,
-    or another version of it, is refused with advice rather than silently mixed.
+    `link(ids) -> {key: partial doc}` adds fields that name other documents by id; the ids are
+    then drawn before indexing. A prefix holding part of the data set, or another version of it,
+    is refused with advice rather than silently mixed.
     """
     keys = [doc["source_key"] for doc in docs]
     held = stored_state(store, keys)
@@ -204,15 +204,15 @@ def load_once(store: Store, docs: Sequence[dict], name: str, *,
             return ids
         raise AtlasError(f"prefix {store.prefix} holds {len(held)} of the {len(docs)} documents of {name}, or another "
                          f"version of them: drop the prefix (Store.drop, or --fresh) and load again")
-    ids = dict(zip(keys, bulk_load(store, docs, progress=progress, refresh=False), strict=True))
+    chosen = None
     if link:
-        partials = link(ids)
-        ops = [{"_op_type": "update", "_index": index_name(store.prefix, doc["memory_type"]),
-                "_id": ids[doc["source_key"]], "doc": partials[doc["source_key"]]}
-               for doc in docs if doc["source_key"] in partials]
-        helpers.bulk(store.es, tqdm(ops, desc="linking", unit="doc", disable=not progress), refresh=False)
-    store.es.indices.refresh(index=store.indices)
-    return ids
+        # Ids drawn here, so that the links are written with the documents: a second pass of updates
+        # would leave old copies behind, which BM25's statistics count until Lucene merges them away.
+        chosen = {key: secrets.token_urlsafe(15) for key in keys}
+        links = link(chosen)
+        docs = [{**doc, **links.get(doc["source_key"], {})} for doc in docs]
+    order = [chosen[key] for key in keys] if chosen else None
+    return dict(zip(keys, bulk_load(store, docs, progress=progress, ids=order), strict=True))
 
 
 def load_persona(store: Store, path: Path = PERSONA_DIR, *, progress: bool = True) -> KeyMap:

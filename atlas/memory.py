@@ -269,29 +269,31 @@ def record_outcome(store: Store, user_id: str, playbook_id: str, success: bool, 
 
 
 def bulk_load(store: Store, docs: Sequence[dict], *, progress: bool = True, batch: int = 256,
-              refresh: bool = True) -> list[str]:
+              refresh: bool = True, ids: Sequence[str] | None = None) -> list[str]:
     """Index prepared documents (from `build_document`) with their vectors; returns ids in order.
 
-    Used by data-set loaders and the catalog; the embedding cache makes reruns cheap.
+    Used by data-set loaders and the catalog; the embedding cache makes reruns cheap. `ids`, when
+    given, are used instead of Elasticsearch's own.
     """
     _provision(store, (d.get("user_id") for d in docs))
-    ids: list[str] = []
+    assigned: list[str] = []
     bar = tqdm(total=len(docs), desc="indexing", unit="doc", disable=not progress)
     for start in range(0, len(docs), batch):
         chunk = [dict(d) for d in docs[start:start + batch]]
         embed_documents(store, chunk)
-        ops = [{"index": {"_index": index_name(store.prefix, d["memory_type"])}} for d in chunk]
+        ops = [{"index": {"_index": index_name(store.prefix, d["memory_type"]),
+                          **({"_id": ids[start + i]} if ids else {})}} for i, d in enumerate(chunk)]
         body = [line for pair in zip(ops, chunk) for line in pair]
         resp = store.es.bulk(operations=body, refresh=False)
         failed = [item["index"] for item in resp["items"] if item["index"].get("error")]
         if failed:
             raise ValidationError(f"{len(failed)} documents were refused, first: {failed[0]['error']}")
-        ids += [item["index"]["_id"] for item in resp["items"]]
+        assigned += [item["index"]["_id"] for item in resp["items"]]
         bar.update(len(chunk))
     bar.close()
     if refresh:
         store.es.indices.refresh(index=store.indices)
-    return ids
+    return assigned
 
 
 def parse_when(value: str | datetime) -> datetime:

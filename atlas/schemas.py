@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from elasticsearch import Elasticsearch
 
-from .constants import ARCHIVE_SUFFIX, ENGLISH_STOPWORDS, MEMORY_TYPES, STATE_SUFFIX, MemoryType
+from .constants import ARCHIVE_SUFFIX, BM25_B, ENGLISH_STOPWORDS, MEMORY_TYPES, STATE_SUFFIX, MemoryType
 from .errors import SchemaMismatch, ValidationError
 
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
@@ -112,12 +112,17 @@ TYPE_MAPPINGS: dict[str, dict] = {
 }
 
 
+#: BM25 of every text field (`BM25_B`). A static setting: `ensure_indices` closes an older index to change it.
+SIMILARITY = {"default": {"type": "BM25", "b": BM25_B}}
+
+
 def index_settings() -> dict:
     return {
         "number_of_shards": 1,
         "number_of_replicas": 0,
         # Vectors stay in _source: the archive copies documents and the second stage reads them.
         "mapping": {"exclude_source_vectors": False},
+        "similarity": SIMILARITY,
         "analysis": {"analyzer": {
             "atlas_exact": {"type": "custom", "tokenizer": "whitespace", "filter": ["lowercase"]},
             "atlas_english": {"type": "english", "stopwords": list(ENGLISH_STOPWORDS)},
@@ -166,12 +171,27 @@ def mapping_problems(es: Elasticsearch, index: str, expected: dict) -> list[str]
     return _diff({"properties": expected["properties"]}, actual)
 
 
+def similarity_problems(es: Elasticsearch, index: str) -> list[str]:
+    actual = es.indices.get_settings(index=index)[index]["settings"]["index"]
+    return _diff({"similarity": SIMILARITY}, actual)
+
+
+def set_similarity(es: Elasticsearch, index: str) -> None:
+    """Apply SIMILARITY to an existing index: closed for the moment it takes, its documents kept."""
+    es.indices.close(index=index)
+    try:
+        es.indices.put_settings(index=index, settings={"index": {"similarity": SIMILARITY}})
+    finally:
+        es.indices.open(index=index, wait_for_active_shards="all")
+
+
 def ensure_indices(es: Elasticsearch, prefix: str, dims: int, rerank_dims: int | None, *,
                    upgrade: bool = True) -> dict[str, str]:
     """Create missing indices; check existing ones. Returns {index: "created"|"ok"|"upgraded"}.
 
-    New fields are added in place when `upgrade`; a changed field type cannot be, and
-    raises `SchemaMismatch` naming each difference (drop the prefix or archive first).
+    New fields and another BM25 similarity are applied in place when `upgrade` (the latter closes
+    the index for a moment); a changed field type cannot be, and raises `SchemaMismatch` naming each
+    difference (drop the prefix or archive first).
     """
     es.cluster.put_component_template(name=f"{prefix}-common", **build_component_template_body(dims, rerank_dims))
     es.indices.put_index_template(name=f"{prefix}-memory", **build_index_template_body(prefix))
@@ -183,16 +203,20 @@ def ensure_indices(es: Elasticsearch, prefix: str, dims: int, rerank_dims: int |
             es.indices.create(index=index, mappings=expected)
             report[index] = "created"
             continue
-        problems = mapping_problems(es, index, expected)
-        if not problems:
+        problems, similarity = mapping_problems(es, index, expected), similarity_problems(es, index)
+        if not problems and not similarity:
             report[index] = "ok"
             continue
         if upgrade and all(p.endswith(": missing") for p in problems):
-            es.indices.put_mapping(index=index, properties=expected["properties"])
+            if problems:
+                es.indices.put_mapping(index=index, properties=expected["properties"])
+            if similarity:
+                set_similarity(es, index)
             report[index] = "upgraded"
             continue
         raise SchemaMismatch(f"{index} does not match Atlas's mapping (schema v{SCHEMA_VERSION}): "
-                             + "; ".join(problems) + f". Drop prefix {prefix!r} (atlas.schemas.drop_indices) to rebuild.")
+                             + "; ".join(problems + similarity)
+                             + f". Drop prefix {prefix!r} (atlas.schemas.drop_indices) to rebuild.")
     return report
 
 

@@ -155,6 +155,8 @@ def test_loaded_corpus_is_linked_and_loading_is_idempotent(persona_store, person
     ids = load_persona(persona_store, progress=False)
     assert ids == {key: doc["id"] for key, doc in held.items()}
     assert persona_store.es.count(index=",".join(all_indices(persona_store.prefix)))["count"] == 393
+    stats = persona_store.es.indices.stats(index=",".join(all_indices(persona_store.prefix)), metric="docs")
+    assert stats["_all"]["primaries"]["docs"]["deleted"] == 0, "the linking pass's old copies would skew BM25"
 
 
 def test_partly_loaded_prefix_is_refused(store):

@@ -12,6 +12,7 @@ from atlas.embed import load_embedder
 from atlas.errors import NotFound, SchemaMismatch, ValidationError
 from atlas.memory import build_document, bulk_load, forget_memory, passage_text, write_episode, write_memory
 from atlas.recall import build_recall_requests, recall, rrf_fuse, to_kibana
+from atlas.schemas import ensure_indices
 from atlas.store import open_store
 
 from .conftest import NOW, make_prefix
@@ -101,6 +102,29 @@ def test_a_prefix_written_by_another_model_is_refused(es):
             open_store(first.prefix, es=es, second_stage=None, tenancy=False)
     finally:
         first.drop()
+
+
+def test_bm25_ignores_length_and_an_older_index_is_upgraded(store):
+    """BM25_B = 0: a long episode and a short one that use the question's word once score alike; an
+    index created with Lucene's default (b 0.75) is switched in place, its documents kept."""
+    write_episode(store, "sarah", "The hub again", "s1")
+    write_episode(store, "sarah", "The hub blinked red all evening while Biscuit slept by the radiator", "s1")
+
+    def bm25_scores() -> list[float]:
+        return [h.path_scores["bm25"] for h in recall(store, "sarah", "hub", mode="bm25", touch=False).hits]
+
+    assert bm25_scores() == pytest.approx([bm25_scores()[0]] * 2)
+    episodic = f"{store.prefix}-episodic"
+    store.es.indices.close(index=episodic)
+    store.es.indices.put_settings(index=episodic, settings={"index": {"similarity": {"default": {"b": 0.75}}}})
+    store.es.indices.open(index=episodic, wait_for_active_shards="all")
+    short, long = bm25_scores()
+    assert short > long * 1.1
+    report = ensure_indices(store.es, store.prefix, store.embedder.dims,
+                            store.passage_embedders["rerank_embedding"].dims)
+    assert report[episodic] == "upgraded" and set(report.values()) == {"ok", "upgraded"}
+    after = bm25_scores()
+    assert len(after) == 2 and after == pytest.approx([after[0]] * 2)
 
 
 def test_superseded_hidden_unless_asked(store):
