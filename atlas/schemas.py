@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from elasticsearch import Elasticsearch
+from elasticsearch import ApiError, Elasticsearch
 
 from .constants import ARCHIVE_SUFFIX, BM25_B, ENGLISH_STOPWORDS, MEMORY_TYPES, STATE_SUFFIX, MemoryType
 from .errors import SchemaMismatch, ValidationError
@@ -178,7 +178,14 @@ def similarity_problems(es: Elasticsearch, index: str) -> list[str]:
 
 def set_similarity(es: Elasticsearch, index: str) -> None:
     """Apply SIMILARITY to an existing index: closed for the moment it takes, its documents kept."""
-    es.indices.close(index=index)
+    try:
+        es.indices.close(index=index)
+    except ApiError as exc:
+        reason = (exc.body.get("error") or {}).get("reason") if isinstance(exc.body, dict) else None
+        raise SchemaMismatch(f"{index} scores with another BM25 similarity than {SIMILARITY}, and closing it to "
+                             f"change that failed ({reason or exc.message}). Drop the prefix "
+                             "(atlas.schemas.drop_indices) to rebuild, or change the setting on the closed index "
+                             "yourself.") from None
     try:
         es.indices.put_settings(index=index, settings={"index": {"similarity": SIMILARITY}})
     finally:
