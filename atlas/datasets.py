@@ -9,8 +9,9 @@ notebook or CI run pays for indexing (and embedding, cached on disk) only once.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
-import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -187,12 +188,17 @@ def _expected_state(docs: Sequence[dict], links: Mapping[str, dict], ids: Mappin
     return {doc["source_key"]: _links_as_keys({n: doc[n] for n in _STATE_FIELDS if n in doc}, key_of) for doc in merged}
 
 
+def loaded_id(prefix: str, key: str) -> str:
+    """The id of a loaded document: 20 URL-safe characters like Elasticsearch's own, the same on every load."""
+    return base64.urlsafe_b64encode(hashlib.sha256(f"{prefix}/{key}".encode()).digest()[:15]).decode()
+
+
 def load_once(store: Store, docs: Sequence[dict], name: str, *,
               link: Callable[[KeyMap], dict[str, dict]] | None = None, progress: bool = True) -> KeyMap:
     """Index `docs` unless the prefix already holds exactly them; returns source_key -> id.
 
     `link(ids) -> {key: partial doc}` adds fields that name other documents by id; the ids are
-    then drawn before indexing. A prefix holding part of the data set, or another version of it,
+    then chosen before indexing (`loaded_id`). A prefix holding part of the data set, or another version of it,
     is refused with advice rather than silently mixed.
     """
     keys = [doc["source_key"] for doc in docs]
@@ -206,9 +212,9 @@ def load_once(store: Store, docs: Sequence[dict], name: str, *,
                          f"version of them: drop the prefix (Store.drop, or --fresh) and load again")
     chosen = None
     if link:
-        # Ids drawn here, so that the links are written with the documents: a second pass of updates
+        # Ids chosen here, so that the links are written with the documents: a second pass of updates
         # would leave old copies behind, which BM25's statistics count until Lucene merges them away.
-        chosen = {key: secrets.token_urlsafe(15) for key in keys}
+        chosen = {key: loaded_id(store.prefix, key) for key in keys}
         links = link(chosen)
         docs = [{**doc, **links.get(doc["source_key"], {})} for doc in docs]
     order = [chosen[key] for key in keys] if chosen else None

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from atlas import constants as C
 from atlas import results
 from atlas.cli import app
-from atlas.datasets import (PERSONA_NOW, load_persona, persona_document, persona_documents, persona_links,
+from atlas.datasets import (PERSONA_NOW, load_persona, loaded_id, persona_document, persona_documents, persona_links,
                             read_persona_corpus, read_persona_questions, stored_state)
 from atlas.errors import AtlasError
 from atlas.evaluate import PERSONA_GATE, EvalQuestion, evaluate_locomo, evaluate_persona, missed_evidence, score
@@ -155,6 +155,7 @@ def test_loaded_corpus_is_linked_and_loading_is_idempotent(persona_store, person
     ids = load_persona(persona_store, progress=False)
     assert ids == {key: doc["id"] for key, doc in held.items()}
     assert persona_store.es.count(index=",".join(all_indices(persona_store.prefix)))["count"] == 393
+    assert ids["sarah-fact-003"] == loaded_id(persona_store.prefix, "sarah-fact-003")
     stats = persona_store.es.indices.stats(index=",".join(all_indices(persona_store.prefix)), metric="docs")
     assert stats["_all"]["primaries"]["docs"]["deleted"] == 0, "the linking pass's old copies would skew BM25"
 
