@@ -195,11 +195,10 @@ def loaded_id(prefix: str, key: str) -> str:
 
 def load_once(store: Store, docs: Sequence[dict], name: str, *,
               link: Callable[[KeyMap], dict[str, dict]] | None = None, progress: bool = True) -> KeyMap:
-    """Index `docs` unless the prefix already holds exactly them; returns source_key -> id.
+    """Index `docs` unless the prefix already holds exactly them; returns source_key -> id (`loaded_id`).
 
-    `link(ids) -> {key: partial doc}` adds fields that name other documents by id; the ids are
-    then chosen before indexing (`loaded_id`). A prefix holding part of the data set, or another version of it,
-    is refused with advice rather than silently mixed.
+    `link(ids) -> {key: partial doc}` adds fields that name other documents by id. A prefix holding
+    part of the data set, or another version of it, is refused with advice rather than silently mixed.
     """
     keys = [doc["source_key"] for doc in docs]
     held = stored_state(store, keys)
@@ -210,15 +209,13 @@ def load_once(store: Store, docs: Sequence[dict], name: str, *,
             return ids
         raise AtlasError(f"prefix {store.prefix} holds {len(held)} of the {len(docs)} documents of {name}, or another "
                          f"version of them: drop the prefix (Store.drop, or --fresh) and load again")
-    chosen = None
-    if link:
-        # Ids chosen here, so that the links are written with the documents: a second pass of updates
-        # would leave old copies behind, which BM25's statistics count until Lucene merges them away.
-        chosen = {key: loaded_id(store.prefix, key) for key in keys}
-        links = link(chosen)
-        docs = [{**doc, **links.get(doc["source_key"], {})} for doc in docs]
-    order = [chosen[key] for key in keys] if chosen else None
-    return dict(zip(keys, bulk_load(store, docs, progress=progress, ids=order), strict=True))
+    # Ids are chosen before indexing so that the links are written with the documents: a second pass
+    # of updates would leave old copies behind, which BM25's statistics count until Lucene merges them.
+    ids = {key: loaded_id(store.prefix, key) for key in keys}
+    links = link(ids) if link else {}
+    bulk_load(store, [{**doc, **links.get(doc["source_key"], {})} for doc in docs], progress=progress,
+              ids=list(ids.values()))
+    return ids
 
 
 def load_persona(store: Store, path: Path = PERSONA_DIR, *, progress: bool = True) -> KeyMap:

@@ -166,14 +166,10 @@ def _diff(expected: dict, actual: dict, path: str = "") -> list[str]:
     return problems
 
 
-def mapping_problems(es: Elasticsearch, index: str, expected: dict) -> list[str]:
-    actual = es.indices.get_mapping(index=index)[index]["mappings"]
-    return _diff({"properties": expected["properties"]}, actual)
-
-
-def similarity_problems(es: Elasticsearch, index: str) -> list[str]:
-    actual = es.indices.get_settings(index=index)[index]["settings"]["index"]
-    return _diff({"similarity": SIMILARITY}, actual)
+def index_problems(expected: dict, mapping: dict, settings: dict) -> tuple[list[str], list[str]]:
+    """(mapping differences, similarity differences) of an existing index, from its `_mapping` and `_settings`."""
+    return (_diff({"properties": expected["properties"]}, mapping["mappings"]),
+            _diff({"similarity": SIMILARITY}, settings["settings"]["index"]))
 
 
 def set_similarity(es: Elasticsearch, index: str) -> None:
@@ -202,15 +198,18 @@ def ensure_indices(es: Elasticsearch, prefix: str, dims: int, rerank_dims: int |
     """
     es.cluster.put_component_template(name=f"{prefix}-common", **build_component_template_body(dims, rerank_dims))
     es.indices.put_index_template(name=f"{prefix}-memory", **build_index_template_body(prefix))
+    indices = all_indices(prefix)
+    # One request each for the whole prefix; an index missing from the answer does not exist yet.
+    mappings = es.indices.get_mapping(index=",".join(indices), ignore_unavailable=True)
+    settings = es.indices.get_settings(index=",".join(indices), ignore_unavailable=True)
     report: dict[str, str] = {}
-    for index in all_indices(prefix):
-        suffix = index.removeprefix(f"{prefix}-")
-        expected = index_mappings(suffix, dims, rerank_dims)
-        if not es.indices.exists(index=index):
+    for index in indices:
+        expected = index_mappings(index.removeprefix(f"{prefix}-"), dims, rerank_dims)
+        if index not in mappings:
             es.indices.create(index=index, mappings=expected)
             report[index] = "created"
             continue
-        problems, similarity = mapping_problems(es, index, expected), similarity_problems(es, index)
+        problems, similarity = index_problems(expected, mappings[index], settings[index])
         if not problems and not similarity:
             report[index] = "ok"
             continue
