@@ -15,6 +15,9 @@ es_app = typer.Typer(help="The local Elasticsearch node (ignored when ES_URL is 
 app.add_typer(es_app, name="es")
 
 
+PREFIX_OPTION = typer.Option(None, help="index prefix (default: ATLAS_INDEX_PREFIX, else 'atlas')")
+
+
 def _fail(exc: AtlasError) -> None:
     typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code=1)
@@ -73,7 +76,7 @@ def model_build(force: bool = typer.Option(False, help="rebuild even if the mode
 
 @app.command("archive")
 def archive_cmd(older_than: str = typer.Option("90d", "--older-than", help="superseded longer ago than this"),
-                prefix: str | None = typer.Option(None, help="index prefix (default ATLAS_INDEX_PREFIX)")) -> None:
+                prefix: str | None = PREFIX_OPTION) -> None:
     """Move superseded documents into <prefix>-archive (idempotent, resumable)."""
     from .store import open_store
     from .supersession import archive
@@ -87,7 +90,7 @@ def archive_cmd(older_than: str = typer.Option("90d", "--older-than", help="supe
 
 @app.command("repair")
 def repair_cmd(user: str | None = typer.Option(None, help="only this user's documents"),
-               prefix: str | None = typer.Option(None, help="index prefix (default ATLAS_INDEX_PREFIX)")) -> None:
+               prefix: str | None = PREFIX_OPTION) -> None:
     """Finish supersessions a crash interrupted; remove new facts that lost a race."""
     from .store import open_store
     from .supersession import repair
@@ -119,7 +122,6 @@ def es_capabilities(markdown: bool = typer.Option(False, help="print the table o
 users_app = typer.Typer(help="Per-user read keys with document-level security (docs/security.md).",
                         no_args_is_help=True)
 app.add_typer(users_app, name="users")
-PREFIX_OPTION = typer.Option(None, help="index prefix (default: ATLAS_INDEX_PREFIX, else 'atlas')")
 SECRET_OPTION = typer.Option(False, "--show-secret", help="also print the encoded key (it is stored either way)")
 EXPIRATION_OPTION = typer.Option(None, help="lifetime such as 30d or 12h (default: never expires)")
 
@@ -272,7 +274,7 @@ def eval_tables(run: str | None = typer.Argument(None, help="persona, locomo or 
 @app.command("serve")
 def serve_cmd(host: str = typer.Option("127.0.0.1", help="interface to bind (loopback by default)"),
               port: int = typer.Option(8765, help="TCP port"),
-              prefix: str | None = typer.Option(None, help="index prefix (default: ATLAS_INDEX_PREFIX, else 'atlas')"),
+              prefix: str | None = PREFIX_OPTION,
               public_url: str | None = typer.Option(None, help="base URL clients use, for /info behind a proxy")) -> None:
     """Run the MCP server (streamable HTTP at /api/atlas/mcp/<user>) until interrupted."""
     from .mcp_server import serve
