@@ -327,7 +327,7 @@ def index_size(es: Elasticsearch, prefix: str) -> dict:
     """
     indices = ",".join(all_indices(prefix))
     es.indices.flush(index=indices)
-    docs = es.indices.stats(index=indices, metric="docs")["_all"]["primaries"]["docs"]["count"]
+    docs = es.count(index=indices)["count"]  # memories: `_stats` would also count nested sentence vectors
     segments = es.cat.segments(index=indices, format="json", bytes="b")
     size = sum(int(segment["size"]) for segment in segments if segment["prirep"] == "p")
     return {"docs": docs, "bytes": size, "bytes_per_1k": size / max(docs, 1) * 1000}

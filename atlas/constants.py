@@ -55,6 +55,9 @@ BM25_B = 0.0
 #: BM25 searches them all; only the last, the one the turn replies to, is embedded with the text: with
 #: more, mean pooling drowned the turn's own words (docs/evaluation.md, change 11).
 CONTEXT_MESSAGES = 2
+#: A turn that names its speaker and says at least two sentences of at least this many words gets one
+#: vector per sentence too, each headed by the speaker; the kNN path scores a passage by its best vector.
+SENTENCE_MIN_WORDS = 3
 #: Stop words of the `english` analyzer of `text` and `context`: Lucene's English set plus
 #: pronouns, auxiliaries and question words, which a question shares with every chatty turn.
 ENGLISH_STOPWORDS: tuple[str, ...] = tuple(sorted(set("""

@@ -194,6 +194,7 @@ def turn_memories(conv: Conversation) -> list[dict[str, Any]]:
     return [
         {
             "text": turn_text(turn),
+            "speaker": turn.speaker,
             "context": [turn_text(before) for before in context_before(session.turns, i)] or None,
             "timestamp": (session.started_at + timedelta(seconds=i)).isoformat().replace("+00:00", "Z"),
             "session_id": f"{conv.sample_id}:session_{session.number}",

@@ -9,6 +9,7 @@ cluster has no script engine, so counters are read-modify-write with retries.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,7 +28,10 @@ from .store import Store
 from .validation import (check_choice, check_context, check_flag, check_id, check_ids, check_label, check_steps,
                          check_text, check_type, check_user, check_when)
 
-VECTOR_FIELDS = ("embedding", "rerank_embedding")
+#: Fields that hold vectors, left out of what recall reads back.
+VECTOR_FIELDS = ("embedding", "rerank_embedding", "sentences")
+#: Where a sentence ends: ., ! or ? before white space.
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,22 @@ def passage_text(doc: dict) -> str:
     return f"{context if isinstance(context, str) else context[-1]}\n{doc['text']}"
 
 
+def passage_sentences(doc: dict) -> list[str]:
+    """A speaker's several sentences, each headed by the speaker ("Maria: ...") and embedded alone.
+
+    Only for documents that name a speaker (a multi-party transcript such as LoCoMo): in a long turn
+    the speaker's name and one thing said sit together in a vector of their own, and the kNN path
+    takes a passage's best vector. Plain sentences, without the name, gained nothing
+    (docs/evaluation.md, change 13).
+    """
+    if not doc.get("speaker"):
+        return []
+    header = f"{doc['speaker']}: "
+    sentences = [s for s in SENTENCE_END.split(doc["text"].removeprefix(header))
+                 if len(s.split()) >= C.SENTENCE_MIN_WORDS]
+    return [header + s for s in sentences] if len(sentences) > 1 else []
+
+
 def embed_documents(store: Store, docs: Sequence[dict]) -> None:
     """Fill every vector field of `docs` in place, in batches (the cache skips known texts)."""
     texts = [passage_text(doc) for doc in docs]
@@ -85,6 +105,11 @@ def embed_documents(store: Store, docs: Sequence[dict]) -> None:
         for doc, vector in zip(docs, vectors):
             doc[field] = vector.tolist()
             doc[MODEL_FIELDS[field]] = embedder.name
+    sentences = [passage_sentences(doc) for doc in docs]
+    vectors = iter(store.embedder.embed_passages([s for group in sentences for s in group]))
+    for doc, group in zip(docs, sentences):
+        if group:
+            doc["sentences"] = [{"embedding": next(vectors).tolist()} for _ in group]
 
 
 def _provision(store: Store, user_ids: Iterable[str | None]) -> None:
@@ -106,19 +131,21 @@ def _index(store: Store, doc: dict, *, refresh: str | None = None) -> str:
 
 
 def write_episode(store: Store, user_id: str, text: str, session_id: str | None = None,
-                  ts: datetime | None = None, context: str | Sequence[str] | None = None) -> str:
+                  ts: datetime | None = None, context: str | Sequence[str] | None = None,
+                  speaker: str | None = None) -> str:
     """Store the user's turn verbatim before the model answers; visible to a recall in the same turn.
 
     `context` is the message the turn replies to (the assistant's last answer), or the messages it
     follows, oldest first, ending with that one: stored beside the text and searched at a lower
-    weight; the message it replies to is also embedded with it.
+    weight; the message it replies to is also embedded with it. `speaker` names who said the turn
+    in a conversation of several people (`passage_sentences`).
     """
     check_user(user_id)
     check_text(text)
     if context is not None:
         context = check_context(context)
     doc = build_document(user_id, text, "episodic", store.now(), session_id=check_label(session_id, "session_id"),
-                         context=context)
+                         context=context, speaker=check_label(speaker, "speaker"))
     if ts is not None:
         doc["timestamp"] = es_date(check_when(ts, "ts"))
     return _index(store, doc)

@@ -117,8 +117,14 @@ def build_knn_body(vector: Sequence[float], filters: dict, params: ScoringParams
     spread far wider. A named period is different: it is evidence from the question, so it lifts
     the episodes said then in both paths.
     """
-    knn: dict = {"knn": {"field": "embedding", "query_vector": [round(float(x), 6) for x in vector], "k": window,
-                         "num_candidates": max(window, num_candidates), "filter": [filters]}}
+    def nearest(field: str) -> dict:
+        return {"knn": {"field": field, "query_vector": [round(float(x), 6) for x in vector], "k": window,
+                        "num_candidates": max(window, num_candidates), "filter": [filters]}}
+
+    # A passage scores by its best vector: the whole passage's or, in a speaker's turn, one sentence's
+    # (`atlas.memory.passage_sentences`). Indices written before there were sentences simply have none.
+    knn: dict = {"dis_max": {"queries": [nearest("embedding"), {"nested": {
+        "path": "sentences", "score_mode": "max", "ignore_unmapped": True, "query": nearest("sentences.embedding")}}]}}
     if functions := period_functions(period, params):
         knn = {"function_score": {"query": knn, "functions": functions, "boost_mode": "multiply"}}
     return {"size": window, "query": knn, "seq_no_primary_term": True, "_source": {"excludes": list(VECTOR_FIELDS)}}

@@ -116,6 +116,7 @@ def test_tiny_file_round_trip(tmp_path: Path) -> None:
     memories = turn_memories(conv)
     assert memories[0] == {
         "text": "Ann: Hi",
+        "speaker": "Ann",
         "context": None,
         "timestamp": "2023-05-08T13:56:00Z",
         "session_id": "conv-99:session_1",

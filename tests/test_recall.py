@@ -10,7 +10,8 @@ import pytest
 
 from atlas.embed import load_embedder
 from atlas.errors import NotFound, SchemaMismatch, ValidationError
-from atlas.memory import build_document, bulk_load, forget_memory, passage_text, write_episode, write_memory
+from atlas.memory import (build_document, bulk_load, forget_memory, passage_sentences, passage_text, write_episode,
+                          write_memory)
 from atlas.recall import build_recall_requests, recall, rrf_fuse, to_kibana
 from atlas.schemas import ensure_indices
 from atlas.store import open_store
@@ -301,6 +302,35 @@ def test_earlier_context_is_searched_not_embedded(store):
     assert passage_text(source) == "Assistant: Which one this time?\nThe blue one by the back door"
     assert np.allclose(source["embedding"], store.embedder.embed_passages([passage_text(source)])[0], atol=1e-5)
     assert recall(store, "sarah", "biscuit chewed", k=1, mode="bm25", touch=False).ids() == [target]
+
+
+def test_a_speakers_sentences_are_split_and_headed():
+    turn = {"text": "Maria: I fixed the garden fence. Then I baked bread for the neighbours! Ok.", "speaker": "Maria"}
+    assert passage_sentences(turn) == ["Maria: I fixed the garden fence.", "Maria: Then I baked bread for the neighbours!"]
+    assert passage_sentences({**turn, "text": "I fixed the garden fence. Then I baked bread."}) == \
+        ["Maria: I fixed the garden fence.", "Maria: Then I baked bread."], "a text without the header gets it"
+    assert passage_sentences({"text": turn["text"]}) == [], "no speaker, no sentence vectors"
+    assert passage_sentences({**turn, "text": "Maria: I fixed the garden fence. Ok."}) == [], "one sentence is the turn"
+
+
+def test_the_dense_path_scores_a_turn_by_its_best_vector(store):
+    """A speaker's turn is scored by the best of its own vector and its sentences' (`dis_max` over a nested kNN)."""
+    text = ("Maria: I spent the whole morning fixing the garden fence with Tom. Then I baked sourdough bread for "
+            "the neighbours. In the evening we watched a long film about volcanoes in Iceland.")
+    target = write_episode(store, "sarah", text, "s1", speaker="Maria")
+    write_episode(store, "sarah", "I baked bread for the neighbours. It took all day.", "s1")  # no speaker: no sentences
+    stored = store.es.get(index=f"{store.prefix}-episodic", id=target)["_source"]
+    assert stored["speaker"] == "Maria" and "sentences" not in stored, "sentence vectors are indexed, not in _source"
+    nested = {"nested": {"path": "sentences", "query": {"exists": {"field": "sentences.embedding"}}}}
+    assert [h["_id"] for h in store.es.search(index=store.indices, query=nested)["hits"]["hits"]] == [target]
+    query = "What did Maria bake?"
+    hit = next(h for h in recall(store, "sarah", query, mode="dense", touch=False).hits if h.id == target)
+    q = store.embedder.embed_queries([query])[0]
+    vectors = [stored["embedding"], *store.embedder.embed_passages(passage_sentences(stored))]
+    assert len(vectors) == 4
+    scores = [(1 + float(np.dot(q, v) / np.linalg.norm(v))) / 2 for v in vectors]
+    assert hit.path_scores["dense"] == pytest.approx(max(scores), abs=1e-3)
+    assert max(scores[1:]) > scores[0], "the fixture no longer has a sentence closer to the question than its turn"
 
 
 def test_empty_context_writes_nothing(store):
