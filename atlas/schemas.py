@@ -93,9 +93,10 @@ def common_mappings(dims: int, rerank_dims: int | None) -> dict:
     if rerank_dims:
         # Read back by the second stage, never searched: no HNSW graph to build.
         properties["rerank_embedding"] = {"type": "dense_vector", "dims": rerank_dims, "index": False}
-    # Sentence vectors are indexed but not kept in `_source`: there they tripled what every search
-    # fetches (LoCoMo: BM25 16 -> 44 ms p50). Nothing reads them back; an update, which rebuilds a
-    # document from `_source`, would drop them, and nothing updates a speaker's episode.
+    # Sentence vectors are indexed but not kept in `_source`, which every search reads (LoCoMo, BM25 p50:
+    # 44 ms with them there, 36 without; Elasticsearch still keeps them in `_recovery_source` until later
+    # merges). Nothing reads them back. An update rebuilds a document from `_source` and would drop them;
+    # nothing updates a speaker's episode.
     return {"dynamic": "strict", "_source": {"excludes": ["sentences"]}, "properties": properties}
 
 
