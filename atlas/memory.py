@@ -106,7 +106,10 @@ def embed_documents(store: Store, docs: Sequence[dict]) -> None:
             doc[field] = vector.tolist()
             doc[MODEL_FIELDS[field]] = embedder.name
     sentences = [passage_sentences(doc) for doc in docs]
-    vectors = iter(store.embedder.embed_passages([s for group in sentences for s in group]))
+    flat = [s for group in sentences for s in group]
+    if not flat:  # most writes: no model call, no cache lookup
+        return
+    vectors = iter(store.embedder.embed_passages(flat))
     for doc, group in zip(docs, sentences):
         if group:
             doc["sentences"] = [{"embedding": next(vectors).tolist()} for _ in group]

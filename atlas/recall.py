@@ -117,8 +117,10 @@ def build_knn_body(vector: Sequence[float], filters: dict, params: ScoringParams
     spread far wider. A named period is different: it is evidence from the question, so it lifts
     the episodes said then in both paths.
     """
+    query_vector = [round(float(x), 6) for x in vector]
+
     def nearest(field: str) -> dict:
-        return {"knn": {"field": field, "query_vector": [round(float(x), 6) for x in vector], "k": window,
+        return {"knn": {"field": field, "query_vector": query_vector, "k": window,
                         "num_candidates": max(window, num_candidates), "filter": [filters]}}
 
     # A passage scores by its best vector: the whole passage's or, in a speaker's turn, one sentence's
