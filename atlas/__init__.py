@@ -3,16 +3,24 @@
     import atlas
     store = atlas.open_store("demo")
     atlas.write_episode(store, "sarah", "My Lumio Hub v2 shows E-0x41 again", session_id="s1")
-    atlas.recall(store, "sarah", "hub error code").hits
+    atlas.core.recall(store, "sarah", "hub error code").hits
 """
 
-from .connection import connect
-from .errors import (AlreadySuperseded, AtlasError, AuthError, ConflictError, ConnectionFailed, NotFound,
-                     ValidationError)
-from .memory import forget_memory, record_outcome, write_episode, write_memory
-from .recall import RecallResult, pre_recall, recall
-from .store import Store, open_store
-from .supersession import archive, history, repair
+from atlas.core.connection import connect
+from atlas.core.errors import (
+                     AlreadySuperseded,
+                     AtlasError,
+                     AuthError,
+                     ConflictError,
+                     ConnectionFailed,
+                     NotFound,
+                     ValidationError,
+)
+from atlas.core.memory import forget_memory, record_outcome, write_episode, write_memory
+from atlas.core.recall import RecallResult, pre_recall, recall
+from atlas.core.store import Store
+from atlas.core.supersession import archive, history, repair
+from atlas.stack import open_store
 
 __all__ = [
     "AlreadySuperseded", "AtlasError", "AuthError", "ConflictError", "ConnectionFailed", "NotFound", "RecallResult",

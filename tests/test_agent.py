@@ -7,12 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from atlas.agent import PRE_RECALL_CALL_ID, SYSTEM_PROMPT, Agent
-from atlas.constants import CONTRADICTIONS, MEMORY_TYPES
-from atlas.errors import LLMError
-from atlas.memory import passage_text, write_episode, write_memory
-from atlas.recall import recall
-from atlas.tools import recall_payload
+from atlas.serve.agent import PRE_RECALL_CALL_ID, SYSTEM_PROMPT, Agent
+from atlas.core.constants import CONTRADICTIONS, MEMORY_TYPES
+from atlas.core.errors import LLMError
+from atlas.core.memory import write_episode, write_memory
+from atlas.core.passages import passage_text
+from atlas.core.recall import recall
+from atlas.serve.tools import openai_tools, recall_payload
 
 from .llm_stub import scripted_llm, text, tool_calls
 
@@ -31,10 +32,18 @@ def episodes(store, user="sarah"):
     return [h["_source"]["text"] for h in hits]
 
 
-def test_prompt_carries_the_vocabularies():
-    for name in (*MEMORY_TYPES, *CONTRADICTIONS):
+def test_prompt_and_tools_carry_the_vocabularies_and_rules():
+    """The system prompt names the memory types and defers to the tools, whose descriptions the model gets
+    with the tools: each rule is written once, in the tool it governs."""
+    tools = {tool["function"]["name"]: tool["function"]["description"] for tool in openai_tools()}
+    for name in MEMORY_TYPES:
         assert name in SYSTEM_PROMPT
-    assert "supersedes_id" in SYSTEM_PROMPT and "explicitly asks" in SYSTEM_PROMPT
+    for name in ("write_memory", "forget_memory"):
+        assert name in SYSTEM_PROMPT and name in tools
+    for name in CONTRADICTIONS:
+        assert name in tools["write_memory"]
+    assert "supersedes_id" in tools["write_memory"] and "explicitly asks" in tools["forget_memory"]
+    assert "supersedes_id" not in SYSTEM_PROMPT, "the supersession rule lives in write_memory's description"
 
 
 def test_without_a_model_the_turn_still_stores_and_recalls(store):
@@ -49,7 +58,7 @@ def test_without_a_model_the_turn_still_stores_and_recalls(store):
 
 
 def test_the_recall_payload_names_the_period_it_boosted(store):
-    write_episode(store, "sarah", "The porch light flickered all night", "s1")
+    write_episode(store, "sarah", "The porch light flickered all night", session_id="s1")
     named = recall_payload(recall(store, "sarah", "what did I say about the porch light yesterday?", touch=False))
     assert named["period"] == ["2026-10-31T00:00:00.000Z", "2026-11-01T00:00:00.000Z"]
     assert "period" not in recall_payload(recall(store, "sarah", "the porch light", touch=False))

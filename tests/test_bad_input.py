@@ -17,15 +17,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from atlas import constants as C
+from atlas.core import constants as C
 from atlas.cli import app
-from atlas.embed import TruncationWarning
-from atlas.errors import AtlasError, NotFound, ValidationError
-from atlas.memory import forget_memory, record_outcome, write_episode, write_memory
-from atlas.recall import recall
-from atlas.store import Store, open_store
-from atlas.supersession import archive, history
-from atlas.validation import DOC_ID_PATTERN, USER_ID_PATTERN
+from atlas.models.embed import TruncationWarning
+from atlas.core.errors import AtlasError, NotFound, ValidationError
+from atlas.core.memory import forget_memory, record_outcome, write_episode, write_memory
+from atlas.core.recall import recall
+from atlas.core.store import Store
+from atlas.stack import open_store
+from atlas.core.supersession import archive, history
+from atlas.core.validation import DOC_ID_PATTERN, USER_ID_PATTERN
 
 from .conftest import NOW
 
@@ -187,8 +188,8 @@ WRONG_TYPES: dict[str, Callable[[Store, dict], object]] = {
     "recall pool string": lambda s, ids: recall(s, "sarah", "hub", pool="all"),
     "recall now string": lambda s, ids: recall(s, "sarah", "hub", now="today"),
     "recall include_superseded string": lambda s, ids: recall(s, "sarah", "hub", include_superseded="no"),
-    "archive duration word": lambda s, ids: archive(s, "soon", now=NOW, progress=False),
-    "archive duration int": lambda s, ids: archive(s, 90, now=NOW, progress=False),
+    "archive duration word": lambda s, ids: archive(s, older_than="soon", now=NOW, progress=False),
+    "archive duration int": lambda s, ids: archive(s, older_than=90, now=NOW, progress=False),
     "open_store prefix int": lambda s, ids: open_store(5, es=s.es),
     "open_store prefix upper": lambda s, ids: open_store("Bad Prefix", es=s.es),
 }
@@ -224,7 +225,8 @@ def test_a_100kb_message_is_embedded_truncated_and_stored_whole(store):
 def test_control_and_odd_characters_are_stored_verbatim(store, text):
     doc_id = write_episode(store, "sarah", text)
     assert store.es.get(index=f"{store.prefix}-episodic", id=doc_id)["_source"]["text"] == text
-    recall(store, "sarah", text, mode="hybrid", touch=False)
+    hits = {hit.id: hit for hit in recall(store, "sarah", text, mode="hybrid", touch=False).hits}
+    assert doc_id in hits and hits[doc_id].text == text, "the text as its own query finds it, verbatim"
 
 
 @pytest.mark.parametrize("text", INVALID_TEXTS)

@@ -1,13 +1,15 @@
-"""atlas.bench's measurements that are not timings (timings are reported, never asserted)."""
+"""atlas.research.bench's measurements that are not timings (timings are reported, never asserted)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from atlas.bench import bench_store, index_size
-from atlas.config import read_secret
-from atlas.memory import write_episode
-from atlas.tenancy import live_prefix_keys_query, users_path
+from atlas.core.config import read_secret
+from atlas.core.memory import write_episode
+from atlas.core.tenancy import live_prefix_keys_query, users_path
+from atlas.research.bench import Corpus, bench_store, index_size, measure_throughput
 
 pytestmark = pytest.mark.cluster
 
@@ -32,3 +34,21 @@ def test_a_bench_store_drops_what_an_interrupted_run_left(store) -> None:
     assert not store.es.security.query_api_keys(query=query)["api_keys"]
     assert (read_secret(users_path(store.settings)) or {}).get(store.prefix) is None
     assert index_size(fresh.es, fresh.prefix)["docs"] == 0
+
+
+def test_throughput(store) -> None:
+    """One entry per client count, each a positive rate over every request and ordered percentiles. The wall
+    time is never compared with a threshold, only with the latencies it contains: at most `clients` overlap."""
+    users = ["u0000", "u0001"]
+    for user in users:
+        write_episode(store, user, f"{user}'s porch sensor went offline after the update.")
+    corpus = Corpus(docs=[], heads=[], details=[], users=users)
+    clients, requests = [1, 2], 4
+    out = measure_throughput(store, corpus, ["porch sensor offline"], clients, requests, random.Random(0), store.now(),
+                             progress=False)
+    assert list(out) == [str(n) for n in clients]
+    for n, stats in zip(clients, out.values(), strict=True):
+        assert stats["n"] == requests and stats["recalls_per_s"] > 0
+        assert 0 < stats["p50_ms"] <= stats["p95_ms"] <= stats["p99_ms"] and stats["mean_ms"] > 0
+        wall_ms = requests / stats["recalls_per_s"] * 1000
+        assert stats["p99_ms"] <= wall_ms and requests * stats["mean_ms"] <= n * wall_ms

@@ -1,6 +1,6 @@
 """The capability table of docs/elasticsearch.md is what the local cluster really does.
 
-`atlas.capabilities.probe` runs once per module against the connected cluster. The doc's table
+`atlas.ops.capabilities.probe` runs once per module against the connected cluster. The doc's table
 must equal `render_markdown(probe(es))` on the local node (skipped when ES_URL points at another
 cluster, whose distribution may differ), and every gap it lists must really be a gap.
 """
@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from elasticsearch import AuthenticationException, Elasticsearch
 
-from atlas.capabilities import Capability, probe, render_markdown
-from atlas.config import load_settings
+from atlas.ops import capabilities as caps
+from atlas.ops.capabilities import Capability, probe, render_markdown
+from atlas.core.config import load_settings
 
 pytestmark = pytest.mark.cluster
 
@@ -100,3 +101,15 @@ def test_function_score_and_occ_cover_the_missing_scripts(capabilities):
 def test_doc_rows_parse():
     rows = doc_rows()
     assert len(rows) == len(re.findall(r"^\| ", doc_table(), flags=re.M)) - 1
+
+
+def test_a_failed_check_is_reported_unsupported(es, monkeypatch):
+    """The checks raise `ProbeFailed`, which `python -O` keeps (an `assert` would vanish and pass): the kNN probe,
+    answered with the wrong nearest document, is a gap with the check's reason, and the other probes still run."""
+    name = "dense_vector + kNN"
+    monkeypatch.setattr(caps, "PROBES", [p for p in caps.PROBES if p[0] in {name, "_bulk"}])
+    monkeypatch.setattr(es, "search", lambda **kwargs: {"hits": {"hits": [{"_id": "b", "_score": 1.0}]}})
+    results = {c.name: c for c in probe(es)}
+    assert not results[name].supported
+    assert results[name].detail == "kNN returned ['b'] as the nearest document, expected ['a']"
+    assert results["_bulk"].supported, results["_bulk"].detail

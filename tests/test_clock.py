@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from atlas.clock import mentioned_period
+from atlas.core.clock import mentioned_period
 
 NOW = datetime(2026, 11, 1, 12, tzinfo=timezone.utc)
 

@@ -8,10 +8,10 @@ import socket
 
 import pytest
 
-from atlas import cluster
-from atlas.config import load_settings
-from atlas.connection import connect, server_version, version_problem
-from atlas.errors import ClusterError, ConnectionFailed
+from atlas.ops import cluster
+from atlas.core.config import load_settings
+from atlas.core.connection import connect, server_version, version_problem
+from atlas.core.errors import ClusterError, ConnectionFailed
 
 LOCAL = load_settings().local
 local_only = pytest.mark.skipif(not LOCAL, reason="ES_URL points at an external cluster")
@@ -37,7 +37,7 @@ def test_node_never_runs_as_root():
 
 @local_only
 def test_credentials_file_is_private():
-    path = cluster.credentials_path(load_settings())
+    path = load_settings().local_credentials_path
     assert path.stat().st_mode & 0o777 == 0o600
 
 

@@ -7,16 +7,17 @@ from dataclasses import replace
 
 import pytest
 
-from atlas import consolidate as cons
-from atlas.consolidate import (consolidate, consolidate_all, count_new_episodes, maybe_consolidate,
+from atlas.consolidation import consolidate as cons
+from atlas.consolidation.consolidate import (consolidate, consolidate_all, count_new_episodes, maybe_consolidate,
                                read_plan, read_watermark)
-from atlas.consolidation_eval import evaluate, load_consolidation_set, read_expected_metrics
-from atlas.constants import CONSOLIDATION_EMBEDDER, CONSOLIDATION_MIN_CONFIDENCE
-from atlas.embed import load_embedder
-from atlas.errors import ConflictError, LLMError
-from atlas.memory import build_document, bulk_load, write_episode, write_memory
-from atlas.proposers import RuleProposer, LLMProposer, fact_type_of, is_statement, third_person
-from atlas.store import open_store
+from atlas.research.consolidation_eval import evaluate, load_consolidation_set, read_expected_metrics
+from atlas.core.constants import CONSOLIDATION_EMBEDDER, CONSOLIDATION_MIN_CONFIDENCE
+from atlas.models.embed import load_embedder
+from atlas.core.errors import ConflictError, LLMError
+from atlas.core.documents import build_document
+from atlas.core.memory import bulk_load, users_with_memory, write_episode, write_memory
+from atlas.consolidation.proposers import RuleProposer, LLMProposer, fact_type_of, is_statement, third_person
+from atlas.stack import open_store
 
 from .conftest import NOW, make_prefix
 from .llm_stub import completion, scripted_llm
@@ -115,7 +116,7 @@ def test_apply_then_rerun_proposes_nothing_twice(cstore):
     assert semantic_texts(cstore, "sarah") == before
 
     cstore.now = lambda: NOW.replace(month=12)
-    write_episode(cstore, "sarah", "I bought a Lumio Smart Plug P2 for the kettle.", "s9")
+    write_episode(cstore, "sarah", "I bought a Lumio Smart Plug P2 for the kettle.", session_id="s9")
     again = consolidate(cstore, "sarah")
     assert again.episodes == 1 and [d.proposal["text"] for d in again.accepted] == [
         "Sarah bought a Lumio Smart Plug P2 for the kettle."]
@@ -123,8 +124,8 @@ def test_apply_then_rerun_proposes_nothing_twice(cstore):
 
 
 def test_guards_hold_whoever_proposes(cstore):
-    episode = write_episode(cstore, "sarah", "My hub is called Beacon and it sits in the hallway cupboard.", "s1")
-    toms_episode = write_episode(cstore, "tom", "My hub is called Kestrel.", "t1")
+    episode = write_episode(cstore, "sarah", "My hub is called Beacon and it sits in the hallway cupboard.", session_id="s1")
+    toms_episode = write_episode(cstore, "tom", "My hub is called Kestrel.", session_id="t1")
     toms_fact = write_memory(cstore, "tom", "Tom's hub is called Kestrel", "semantic")
     existing = write_memory(cstore, "sarah", "Sarah's hub is called Beacon", "semantic")
     playbook = write_memory(cstore, "sarah", "Reset the hub. Use when: the hub is unreachable.", "procedural",
@@ -149,7 +150,7 @@ def test_guards_hold_whoever_proposes(cstore):
              "supporting_episode_ids": [episode]},
         ]
 
-    report = consolidate(cstore, "sarah", Scripted(proposals))
+    report = consolidate(cstore, "sarah", proposer=Scripted(proposals))
     reasons = [d.reason for d in report.decisions]
     assert reasons[0].startswith("schema:")
     assert reasons[1] == f"supporting episode {toms_episode} is not an episode of sarah"
@@ -166,7 +167,7 @@ def test_guards_hold_whoever_proposes(cstore):
     assert cstore.es.get(index=f"{cstore.prefix}-procedural", id=playbook)["_source"]["success_count"] == 1
     assert existing in [h["_id"] for h in cstore.es.search(index=f"{cstore.prefix}-semantic")["hits"]["hits"]]
 
-    old_only = consolidate(cstore, "sarah", Scripted(lambda b: [
+    old_only = consolidate(cstore, "sarah", proposer=Scripted(lambda b: [
         {"kind": "fact", "text": "Sarah's hub sits in the hallway cupboard", "fact_type": "device",
          "confidence": 0.9, "supporting_episode_ids": [episode]}]))
     assert old_only.status == "nothing new"
@@ -177,7 +178,7 @@ def test_a_crashed_run_is_finished_by_the_next_one(cstore, monkeypatch):
             "We bought a Keyline lock for the back door."]
     facts = ["Sarah has a Lumio bulb in the lounge", "Sarah's daughter Isla loves the night light",
              "Sarah's household bought a Keyline lock for the back door"]
-    episodes = [write_episode(cstore, "sarah", text, "s1") for text in said]
+    episodes = [write_episode(cstore, "sarah", text, session_id="s1") for text in said]
     proposer = Scripted(lambda batch: [
         {"kind": "fact", "text": facts[i], "fact_type": "device", "confidence": 0.9,
          "supporting_episode_ids": [episodes[i]]} for i in range(3)])
@@ -190,19 +191,19 @@ def test_a_crashed_run_is_finished_by_the_next_one(cstore, monkeypatch):
 
     monkeypatch.setattr(cons, "_apply_step", crash_on_third)
     with pytest.raises(RuntimeError):
-        consolidate(cstore, "sarah", proposer)
+        consolidate(cstore, "sarah", proposer=proposer)
     assert read_plan(cstore, "sarah")["status"] == "pending" and read_watermark(cstore, "sarah").timestamp is None
     with pytest.raises(ConflictError, match="finish it first"):
         cons.new_plan(cstore, "sarah", "scripted", [], read_watermark(cstore, "sarah"), read_watermark(cstore, "sarah"))
     monkeypatch.setattr(cons, "_apply_step", real_apply)
-    resumed = consolidate(cstore, "sarah", proposer)
+    resumed = consolidate(cstore, "sarah", proposer=proposer)
     assert resumed.status == "resumed" and len(resumed.decisions) == 3
     assert semantic_texts(cstore, "sarah") == sorted(facts)
     assert read_plan(cstore, "sarah")["status"] == "done" and count_new_episodes(cstore, "sarah") == 0
 
 
 def test_an_outcome_applied_just_before_a_crash_is_not_counted_twice(cstore, monkeypatch):
-    episode = write_episode(cstore, "sarah", "Thanks, the reset worked.", "s1")
+    episode = write_episode(cstore, "sarah", "Thanks, the reset worked.", session_id="s1")
     playbook = write_memory(cstore, "sarah", "Reset the hub. Use when: the hub is unreachable.", "procedural",
                             name="Reset the hub", trigger="the hub is unreachable", steps=["Unplug it", "Plug it in"])
     proposer = Scripted(lambda batch: [
@@ -215,28 +216,28 @@ def test_an_outcome_applied_just_before_a_crash_is_not_counted_twice(cstore, mon
 
     monkeypatch.setattr(cons, "record_outcome", record_then_crash)
     with pytest.raises(RuntimeError):
-        consolidate(cstore, "sarah", proposer)
+        consolidate(cstore, "sarah", proposer=proposer)
     monkeypatch.setattr(cons, "record_outcome", real_record)
-    assert consolidate(cstore, "sarah", proposer).status == "resumed"
+    assert consolidate(cstore, "sarah", proposer=proposer).status == "resumed"
     assert cstore.es.get(index=f"{cstore.prefix}-procedural", id=playbook)["_source"]["success_count"] == 1
 
 
 def test_a_run_that_lost_a_race_writes_nothing(cstore):
-    episode = write_episode(cstore, "sarah", "I have a Lumio bulb in the lounge.", "s1")
+    episode = write_episode(cstore, "sarah", "I have a Lumio bulb in the lounge.", session_id="s1")
     fact = {"kind": "fact", "text": "Sarah has a Lumio bulb in the lounge", "fact_type": "device",
             "confidence": 0.9, "supporting_episode_ids": [episode]}
 
     def meanwhile_another_run(batch):
-        consolidate(cstore, "sarah", Scripted(lambda b: [fact]))
+        consolidate(cstore, "sarah", proposer=Scripted(lambda b: [fact]))
         return [fact]
 
     with pytest.raises(ConflictError, match="while this one was proposing"):
-        consolidate(cstore, "sarah", Scripted(meanwhile_another_run))
+        consolidate(cstore, "sarah", proposer=Scripted(meanwhile_another_run))
     assert semantic_texts(cstore, "sarah") == ["Sarah has a Lumio bulb in the lounge"]
 
 
 def test_a_refused_step_rolls_the_whole_run_back(cstore, monkeypatch):
-    episode = write_episode(cstore, "sarah", "We moved to Edinburgh and I bought a new kettle plug.", "s1")
+    episode = write_episode(cstore, "sarah", "We moved to Edinburgh and I bought a new kettle plug.", session_id="s1")
     bristol = write_memory(cstore, "sarah", "Sarah lives in Bristol", "semantic", fact_type="location")
     proposer = Scripted(lambda batch: [
         {"kind": "fact", "text": "Sarah bought a new kettle plug", "fact_type": "device", "confidence": 0.9,
@@ -252,7 +253,7 @@ def test_a_refused_step_rolls_the_whole_run_back(cstore, monkeypatch):
 
     monkeypatch.setattr(cons, "new_plan", plan_then_race)
     with pytest.raises(ConflictError) as info:
-        consolidate(cstore, "sarah", proposer)
+        consolidate(cstore, "sarah", proposer=proposer)
     assert any("rolled back" in note for note in info.value.__notes__)
     assert semantic_texts(cstore, "sarah") == ["Sarah lives in Bristol", "Sarah lives in Glasgow"]
     assert read_plan(cstore, "sarah")["status"] == "rolled_back" and read_watermark(cstore, "sarah").timestamp is None
@@ -260,7 +261,7 @@ def test_a_refused_step_rolls_the_whole_run_back(cstore, monkeypatch):
 
 def test_outcome_rollback_restores_the_counters(cstore, monkeypatch):
     episode = write_episode(cstore, "sarah", "Thanks, the reset worked. Then I re-paired the garage opener, "
-                                             "reset its schedule and tested it.", "s1")
+                                             "reset its schedule and tested it.", session_id="s1")
     playbook = write_memory(cstore, "sarah", "Reset the hub. Use when: the hub is unreachable.", "procedural",
                             name="Reset the hub", trigger="the hub is unreachable", steps=["Unplug it", "Plug it in"])
     proposer = Scripted(lambda batch: [
@@ -273,14 +274,14 @@ def test_outcome_rollback_restores_the_counters(cstore, monkeypatch):
 
     monkeypatch.setattr(cons, "_write", refuse)
     with pytest.raises(ConflictError):
-        consolidate(cstore, "sarah", proposer)
+        consolidate(cstore, "sarah", proposer=proposer)
     assert read_plan(cstore, "sarah")["journal"]["0"]["state"] == "done"
     source = cstore.es.get(index=f"{cstore.prefix}-procedural", id=playbook)["_source"]
     assert (source["success_count"], source["failure_count"]) == (0, 0) and source.get("last_success_at") is None
 
 
 def test_llm_proposer_retries_then_everything_passes_the_guards(cstore):
-    episode = write_episode(cstore, "sarah", "My daughter Isla turned two last week.", "s1")
+    episode = write_episode(cstore, "sarah", "My daughter Isla turned two last week.", session_id="s1")
     good = {"facts": [{"text": "Sarah's daughter Isla turned two", "fact_type": "person", "confidence": 0.9,
                        "supporting_episode_ids": [episode]},
                       {"text": "Sarah is an astronaut", "fact_type": "other", "confidence": 0.95,
@@ -290,7 +291,7 @@ def test_llm_proposer_retries_then_everything_passes_the_guards(cstore):
     waits = []
     with scripted_llm(script) as stub:
         settings = replace(cstore.settings, llm_base_url=stub.base_url, llm_api_key="t", llm_model="stub-model")
-        report = consolidate(cstore, "sarah", LLMProposer(settings, sleep=waits.append))
+        report = consolidate(cstore, "sarah", proposer=LLMProposer(settings, sleep=waits.append))
     assert waits == [1.0, 2.0]
     request = stub.requests[-1]
     assert request["response_format"]["type"] == "json_schema" and episode in request["messages"][1]["content"]
@@ -300,11 +301,11 @@ def test_llm_proposer_retries_then_everything_passes_the_guards(cstore):
 
 
 def test_llm_failure_writes_nothing(cstore):
-    write_episode(cstore, "sarah", "My daughter Isla turned two last week.", "s1")
+    write_episode(cstore, "sarah", "My daughter Isla turned two last week.", session_id="s1")
     with scripted_llm([completion({"content": "still not json"}, "stop")] * 4) as stub:
         settings = replace(cstore.settings, llm_base_url=stub.base_url, llm_api_key="t", llm_model="stub-model")
         with pytest.raises(LLMError, match="failed 4 times .*unusable output"):
-            consolidate(cstore, "sarah", LLMProposer(settings, sleep=lambda s: None))
+            consolidate(cstore, "sarah", proposer=LLMProposer(settings, sleep=lambda s: None))
     assert semantic_texts(cstore, "sarah") == [] and read_plan(cstore, "sarah") is None
     assert count_new_episodes(cstore, "sarah") == 1
 
@@ -316,8 +317,8 @@ def test_llm_proposer_needs_a_model(cstore):
 
 def test_every_n_trigger_and_all_users(cstore):
     for i in range(3):
-        write_episode(cstore, "sarah", f"I have {i + 2} smart plugs in the kitchen.", "s1")
-    write_episode(cstore, "tom", "I have a Lumio Hub v3 in the hallway.", "t1")
+        write_episode(cstore, "sarah", f"I have {i + 2} smart plugs in the kitchen.", session_id="s1")
+    write_episode(cstore, "tom", "I have a Lumio Hub v3 in the hallway.", session_id="t1")
     assert maybe_consolidate(cstore, "sarah", every=4) is None
     assert maybe_consolidate(cstore, "sarah", every=3).status == "applied"
     assert count_new_episodes(cstore, "sarah") == 0
@@ -337,11 +338,11 @@ def test_bulk_loaded_history_counts_as_new(cstore):
 
 
 def test_inspector_shows_counters_and_chains_as_static_html(cstore):
-    from atlas.inspector import MemoryInspector
+    from atlas.notebook.inspector import MemoryInspector
 
     old = write_memory(cstore, "sarah", "Sarah lives in Bristol", "semantic", fact_type="location")
     write_memory(cstore, "sarah", "Sarah lives in Edinburgh", "semantic", supersedes_id=old)
-    write_episode(cstore, "sarah", "We moved to Edinburgh.", "s1")
+    write_episode(cstore, "sarah", "We moved to Edinburgh.", session_id="s1")
     inspector = MemoryInspector(cstore, "sarah", labels={old: "fact:bristol"}, interactive=False)
     snap = inspector.current
     assert snap.counts["semantic"] == {"total": 2, "current": 1, "superseded": 1}
@@ -367,3 +368,15 @@ def test_similarity_is_the_consolidation_models_whatever_the_first_stage(es):
         assert store.embedder.name != load_embedder(CONSOLIDATION_EMBEDDER).name
     finally:
         store.drop()
+
+
+def test_every_user_is_listed_past_one_page(store, monkeypatch):
+    """`users_with_memory` pages through a composite aggregation: a listing never stops at a bucket limit."""
+    monkeypatch.setattr(cons.C, "LIST_PAGE_SIZE", 2)
+    users = ["u3", "u1", "u5", "u2", "u4"]
+    for user in users:
+        write_episode(store, user, f"a note from {user}")
+    write_memory(store, "u6", "u6 has a fact but no episode")
+    assert users_with_memory(store) == sorted([*users, "u6"])
+    assert users_with_memory(store, types=("episodic",)) == sorted(users)
+    assert consolidate_all(store, users=None, progress=False, dry_run=True).keys() == set(users)

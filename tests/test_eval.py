@@ -19,17 +19,18 @@ import pytest
 from openai.types.chat import ChatCompletion
 from typer.testing import CliRunner
 
-from atlas import constants as C
-from atlas import results
+from atlas.core import constants as C
+from atlas.research import results
 from atlas.cli import app
-from atlas.datasets import (PERSONA_NOW, load_persona, loaded_id, persona_document, persona_documents, persona_links,
+from atlas.research.datasets import (PERSONA_NOW, load_persona, loaded_id, persona_document, persona_documents, persona_links,
                             read_persona_corpus, read_persona_questions, stored_state)
-from atlas.errors import AtlasError
-from atlas.evaluate import PERSONA_GATE, EvalQuestion, evaluate_locomo, evaluate_persona, missed_evidence, score
-from atlas.locomo import PAPER_REFERENCE, default_path, load_conversations
-from atlas.memory import bulk_load
-from atlas.schemas import all_indices
-from atlas.store import Store, open_store
+from atlas.core.errors import AtlasError
+from atlas.research.evaluate import PERSONA_GATE, EvalQuestion, evaluate_locomo, evaluate_persona, missed_evidence, score
+from atlas.research.locomo import PAPER_REFERENCE, default_path, load_conversations
+from atlas.core.memory import bulk_load
+from atlas.core.schemas import all_indices
+from atlas.core.store import Store
+from atlas.stack import open_store
 
 from .conftest import make_prefix
 

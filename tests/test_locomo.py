@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from atlas import locomo
-from atlas.locomo import (
+from atlas.research import locomo
+from atlas.research.locomo import (
     ADVERSARIAL,
     CATEGORY_NAMES,
     MAIN_CATEGORIES,

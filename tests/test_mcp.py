@@ -14,11 +14,11 @@ import httpx
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from atlas.constants import CONTRADICTIONS, FACT_TYPES, MEMORY_TYPES, USER_MEMORY_TYPES
-from atlas.mcp_server import BackgroundServer, create_app, open_client
-from atlas.memory import write_memory
-from atlas.store import Store
-from atlas.tenancy import create_user_key
+from atlas.core.constants import CONTRADICTIONS, FACT_TYPES, MEMORY_TYPES, USER_MEMORY_TYPES
+from atlas.serve.mcp_server import BackgroundServer, create_app, open_client
+from atlas.core.memory import write_memory
+from atlas.core.store import Store
+from atlas.core.tenancy import create_user_key
 
 
 @pytest.fixture
@@ -36,10 +36,15 @@ def served(keyed) -> Iterator[tuple[Store, dict[str, str], BackgroundServer]]:
     store, keys = keyed
     with BackgroundServer(create_app(store)) as server:
         yield store, keys, server
+    assert not server.thread.is_alive(), "the MCP server did not stop"
 
 
 def run(coroutine_fn, *args):
-    return anyio.run(coroutine_fn, *args)
+    """Run a client flow; one that stalls fails after two minutes instead of hanging the suite."""
+    async def bounded():
+        with anyio.fail_after(120):
+            return await coroutine_fn(*args)
+    return anyio.run(bounded)
 
 
 def leaves(exc: BaseException) -> list[BaseException]:

@@ -2,9 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from atlas.metrics import (
+from atlas.research.metrics import (
     bootstrap_ci,
-    hit_at_k,
     percentiles,
     recall_all,
     recall_any,
@@ -29,7 +28,6 @@ def test_recall_fraction_counts_a_duplicate_hit_once() -> None:
 def test_recall_any_and_all() -> None:
     assert recall_any(RANKED, {"b"}, 2) == 0.0
     assert recall_any(RANKED, {"b"}, 3) == 1.0
-    assert hit_at_k is recall_any
     assert recall_all(RANKED, {"a", "b"}, 2) == 0.0
     assert recall_all(RANKED, {"a", "b"}, 3) == 1.0
     assert recall_all(RANKED, RELEVANT, 5) == 0.0

@@ -1,4 +1,4 @@
-"""atlas.nomic on small stand-ins: the split-zip extraction, the ONNX graph, the build's guards.
+"""atlas.models.nomic on small stand-ins: the split-zip extraction, the ONNX graph, the build's guards.
 
 The real model is built once by `make setup` (283 MB of downloads); tests/test_embed.py runs it.
 Here a tiny nomic-bert with random weights is checked against a plain numpy forward pass of the
@@ -17,9 +17,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from atlas import nomic
-from atlas.embed import quantizes_per_batch
-from atlas.errors import EmbeddingError
+from atlas.models import nomic
+from atlas.models.embed import quantizes_per_batch
+from atlas.core.errors import EmbeddingError
 
 LAYERS, WIDTH, HEADS, FFN, VOCAB = 2, 16, 2, 24, 12
 

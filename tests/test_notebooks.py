@@ -1,6 +1,6 @@
 """Every numbered notebook runs end to end with papermill, on its own index prefix (`-m notebooks`).
 
-The notebooks are found by `atlas.notebooks.discover`, so a new `notebooks/NN_*.ipynb` is tested
+The notebooks are found by `atlas.notebook.runner.discover`, so a new `notebooks/NN_*.ipynb` is tested
 without touching this file. nbval (`make test`) separately checks the committed outputs.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from atlas.notebooks import KERNEL, discover, run_notebook, unique_prefix
+from atlas.notebook.runner import KERNEL, discover, run_notebook, unique_prefix
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.cluster]
 

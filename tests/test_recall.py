@@ -8,19 +8,21 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from atlas.embed import load_embedder
-from atlas.errors import NotFound, SchemaMismatch, ValidationError
-from atlas.memory import (build_document, bulk_load, forget_memory, passage_sentences, passage_text, write_episode,
-                          write_memory)
-from atlas.recall import build_recall_requests, recall, rrf_fuse, to_kibana
-from atlas.schemas import ensure_indices
-from atlas.store import open_store
+from atlas.models.embed import load_embedder
+from atlas.core.errors import NotFound, SchemaMismatch, ValidationError
+from atlas.core.documents import build_document
+from atlas.core.memory import bulk_load, forget_memory, write_episode, write_memory
+from atlas.core.passages import passage_sentences, passage_text
+from atlas.core.fusion import rrf_fuse
+from atlas.core.recall import build_recall_requests, recall, to_kibana
+from atlas.core.schemas import ensure_indices
+from atlas.stack import open_store
 
 from .conftest import NOW, make_prefix
 
 
 def test_same_turn_visibility(store):
-    doc_id = write_episode(store, "sarah", "The nursery lamp turned on at 3am again", "s1")
+    doc_id = write_episode(store, "sarah", "The nursery lamp turned on at 3am again", session_id="s1")
     hits = recall(store, "sarah", "nursery lamp at night", k=3, mode="bm25").hits
     assert hits and hits[0].id == doc_id
 
@@ -70,9 +72,9 @@ def test_the_priors_sit_in_the_bm25_path_only(store):
     """BM25 scores carry recency, use and priors; kNN ranks by similarity alone, so an old episode
     that matches best stays first in the dense path (at 1500 days its multiplier is 0.70). Only a
     period the question names reaches both paths."""
-    old = write_episode(store, "sarah", "I reset the Lumio hub by holding its button for ten seconds", "s1",
+    old = write_episode(store, "sarah", "I reset the Lumio hub by holding its button for ten seconds", session_id="s1",
                         ts=NOW - timedelta(days=1500))
-    write_episode(store, "sarah", "The Lumio hub manual is in the kitchen drawer", "s2")
+    write_episode(store, "sarah", "The Lumio hub manual is in the kitchen drawer", session_id="s2")
     bm25, knn = build_recall_requests(store, "sarah", "hub", mode="hybrid", types=("episodic",),
                                       include_superseded=False, now=NOW, params=store.params, window=80,
                                       query_vector=[0.0] * store.embedder.dims)
@@ -108,8 +110,8 @@ def test_a_prefix_written_by_another_model_is_refused(es):
 def test_bm25_ignores_length_and_an_older_index_is_upgraded(store):
     """BM25_B = 0: a long episode and a short one that use the question's word once score alike; an
     index created with Lucene's default (b 0.75) is switched in place, its documents kept."""
-    write_episode(store, "sarah", "The hub again", "s1")
-    write_episode(store, "sarah", "The hub blinked red all evening while Biscuit slept by the radiator", "s1")
+    write_episode(store, "sarah", "The hub again", session_id="s1")
+    write_episode(store, "sarah", "The hub blinked red all evening while Biscuit slept by the radiator", session_id="s1")
 
     def bm25_scores() -> list[float]:
         return [h.path_scores["bm25"] for h in recall(store, "sarah", "hub", mode="bm25", touch=False).hits]
@@ -170,19 +172,19 @@ def test_catalog_shared_other_users_hidden(store):
     write_memory(store, "tom", "Tom has a Lumio Hub v2 in the garage", "semantic")
     with pytest.raises(NotFound, match="unknown user sarah"):
         recall(store, "sarah", "Lumio Hub v2")
-    write_episode(store, "sarah", "hello there", "s1")  # her first write gives her a read key
+    write_episode(store, "sarah", "hello there", session_id="s1")  # her first write gives her a read key
     hits = recall(store, "sarah", "Lumio Hub v2", touch=False).hits
     assert hits[0].memory_type == "catalog" and {h.user_id for h in hits} == {None, "sarah"}
 
 
 def test_use_count_race(store):
     fact = write_memory(store, "sarah", "Sarah prefers warm white light in the evening", "semantic")
-    barrier = threading.Barrier(10)
+    barrier = threading.Barrier(10, timeout=30)  # a thread that never arrives breaks it: the test fails, not hangs
     errors = []
 
     def one():
-        barrier.wait()
         try:
+            barrier.wait()
             recall(store, "sarah", "warm white light evening", k=1, mode="bm25")
         except Exception as exc:  # collected and asserted below
             errors.append(exc)
@@ -191,7 +193,8 @@ def test_use_count_race(store):
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(timeout=60)
+        assert not t.is_alive(), "a recall hung"
     assert not errors
     assert store.es.get(index=f"{store.prefix}-semantic", id=fact)["_source"]["use_count"] == 10
 
@@ -206,12 +209,21 @@ def test_recall_refreshes_last_used_at(store):
 
 
 def test_all_modes_and_second_stage(store):
-    write_memory(store, "sarah", "The nursery speaker is silent from 7pm to 7am", "semantic")
-    for mode in ("bm25", "dense", "hybrid", "hybrid+rerank"):
-        result = recall(store, "sarah", "quiet hours in the baby's room", k=1, mode=mode, touch=False)
-        assert result.hits, mode
-    rerank = recall(store, "sarah", "quiet hours in the baby's room", mode="hybrid+rerank", touch=False)
-    assert rerank.second_stage and rerank.note is None and rerank.hits[0].second is not None
+    """Each mode searches its own paths and no other; only hybrid+rerank runs the second stage, which scores
+    every hit; a query only one document matches puts it first in every mode."""
+    target = write_memory(store, "sarah", "The nursery speaker is silent from 7pm to 7am", "semantic")
+    for text in ("The garage door opens when the car arrives", "The porch light follows sunset",
+                 "Biscuit's water bowl refills at noon"):
+        write_memory(store, "sarah", text, "semantic")
+    paths = {"bm25": {"bm25"}, "dense": {"dense"}, "hybrid": {"bm25", "dense"}, "hybrid+rerank": {"bm25", "dense"}}
+    for mode, expected in paths.items():
+        result = recall(store, "sarah", "when is the nursery speaker silent", k=4, mode=mode, touch=False)
+        assert result.ids()[0] == target, mode
+        assert set().union(*(hit.ranks for hit in result.hits)) == expected, mode
+        assert all(hit.path_scores.keys() == hit.ranks.keys() for hit in result.hits), mode
+        reranked = mode == "hybrid+rerank"
+        assert result.second_stage == (store.second_stage.name if reranked else None) and result.note is None, mode
+        assert all((hit.second_stage_score is not None) == reranked for hit in result.hits), mode
 
 
 def test_second_stage_failure_falls_back(store):
@@ -221,7 +233,7 @@ def test_second_stage_failure_falls_back(store):
         name, embedder = "broken", None
 
         def scores(self, *args):
-            from atlas.errors import EmbeddingError
+            from atlas.core.errors import EmbeddingError
             raise EmbeddingError("endpoint down")
 
     store.second_stage = Broken()
@@ -264,27 +276,28 @@ def test_bad_write_input_writes_nothing(store, bad):
 
 def test_a_100kb_message_as_query_is_recalled_on(store):
     """The pre-recall runs on the user's verbatim message, however long: BM25 uses its first words."""
-    target = write_episode(store, "sarah", "The hub reset itself overnight", "s1")
+    target = write_episode(store, "sarah", "The hub reset itself overnight", session_id="s1")
     # The prefix makes the message new to the on-disk embedding cache, which would otherwise skip the model.
     message = f"hub reset {store.prefix} " + " ".join(f"filler{i}" for i in range(12_000))
     with pytest.warns(UserWarning):  # truncated for embedding, with a warning
         result = recall(store, "sarah", message, k=3, touch=False)
     assert target in result.ids()
+    assert result.hits[result.ids().index(target)].ranks.get("bm25") == 1, "found by the dense path alone"
 
 
 def test_english_analysis_drops_question_words_and_stems(store):
     tokens = store.es.indices.analyze(index=f"{store.prefix}-episodic", analyzer="atlas_english",
                                       text="Where has Gina's team camped?")["tokens"]
     assert [t["token"] for t in tokens] == ["gina", "team", "camp"]
-    target = write_episode(store, "sarah", "We went camping in the Cairngorms with the kids", "s1")
-    write_episode(store, "sarah", "Where did you put the hub manual?", "s1")
+    target = write_episode(store, "sarah", "We went camping in the Cairngorms with the kids", session_id="s1")
+    write_episode(store, "sarah", "Where did you put the hub manual?", session_id="s1")
     assert recall(store, "sarah", "Where has Sarah camped?", k=1, mode="bm25", touch=False).ids() == [target]
 
 
 def test_episode_context_is_searched_and_embedded(store):
     question = "Assistant: Which cable did Biscuit chew through this time?"
-    target = write_episode(store, "sarah", "The blue one by the back door", "s1", context=question)
-    write_episode(store, "sarah", "The blue kettle is new", "s1")
+    target = write_episode(store, "sarah", "The blue one by the back door", session_id="s1", context=question)
+    write_episode(store, "sarah", "The blue kettle is new", session_id="s1")
     source = store.es.get(index=f"{store.prefix}-episodic", id=target)["_source"]
     assert source["text"] == "The blue one by the back door" and source["context"] == question
     assert np.allclose(source["embedding"], store.embedder.embed_passages([passage_text(source)])[0], atol=1e-5)
@@ -296,7 +309,7 @@ def test_episode_context_is_searched_and_embedded(store):
 def test_earlier_context_is_searched_not_embedded(store):
     """Of a context of several messages, BM25 searches all; only the last, the one replied to, is embedded."""
     exchange = ["Biscuit chewed a cable again", "Assistant: Which one this time?"]
-    target = write_episode(store, "sarah", "The blue one by the back door", "s1", context=exchange)
+    target = write_episode(store, "sarah", "The blue one by the back door", session_id="s1", context=exchange)
     source = store.es.get(index=f"{store.prefix}-episodic", id=target)["_source"]
     assert source["context"] == exchange
     assert passage_text(source) == "Assistant: Which one this time?\nThe blue one by the back door"
@@ -317,8 +330,8 @@ def test_the_dense_path_scores_a_turn_by_its_best_vector(store):
     """A speaker's turn is scored by the best of its own vector and its sentences' (`dis_max` over a nested kNN)."""
     text = ("Maria: I spent the whole morning fixing the garden fence with Tom. Then I baked sourdough bread for "
             "the neighbours. In the evening we watched a long film about volcanoes in Iceland.")
-    target = write_episode(store, "sarah", text, "s1", speaker="Maria")
-    write_episode(store, "sarah", "I baked bread for the neighbours. It took all day.", "s1")  # no speaker: no sentences
+    target = write_episode(store, "sarah", text, session_id="s1", speaker="Maria")
+    write_episode(store, "sarah", "I baked bread for the neighbours. It took all day.", session_id="s1")  # no speaker: no sentences
     stored = store.es.get(index=f"{store.prefix}-episodic", id=target)["_source"]
     assert stored["speaker"] == "Maria" and "sentences" not in stored, "sentence vectors are indexed, not in _source"
     nested = {"nested": {"path": "sentences", "query": {"exists": {"field": "sentences.embedding"}}}}
@@ -335,14 +348,14 @@ def test_the_dense_path_scores_a_turn_by_its_best_vector(store):
 
 def test_empty_context_writes_nothing(store):
     with pytest.raises(ValidationError, match="context"):
-        write_episode(store, "sarah", "The blue one", "s1", context="  ")
+        write_episode(store, "sarah", "The blue one", session_id="s1", context="  ")
     store.es.indices.refresh(index=f"{store.prefix}-episodic")
     assert store.es.count(index=f"{store.prefix}-episodic")["count"] == 0
 
 
 def test_a_named_month_lifts_the_episodes_said_then(store):
-    july = write_episode(store, "sarah", "We went camping by the loch with the kids", "s1", ts=NOW - timedelta(days=120))
-    june = write_episode(store, "sarah", "We went camping in the hills with the kids", "s2", ts=NOW - timedelta(days=150))
+    july = write_episode(store, "sarah", "We went camping by the loch with the kids", session_id="s1", ts=NOW - timedelta(days=120))
+    june = write_episode(store, "sarah", "We went camping in the hills with the kids", session_id="s2", ts=NOW - timedelta(days=150))
     plain = recall(store, "sarah", "where did we go camping?", k=2, touch=False)
     assert plain.period is None and plain.ids()[0] == july, "the fixture no longer prefers July without a month"
     named = recall(store, "sarah", "where did we go camping in June?", k=2, touch=False)

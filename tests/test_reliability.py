@@ -25,13 +25,14 @@ from pathlib import Path
 
 import pytest
 
-from atlas import cluster
-from atlas.config import Settings, load_settings
-from atlas.connection import connect
-from atlas.errors import ConflictError, ConnectionFailed
-from atlas.memory import forget_memory, write_episode, write_memory
-from atlas.recall import recall
-from atlas.store import Store, open_store
+from atlas.ops import cluster
+from atlas.core.config import Settings, load_settings
+from atlas.core.connection import connect
+from atlas.core.errors import ConflictError, ConnectionFailed
+from atlas.core.memory import forget_memory, write_episode, write_memory
+from atlas.core.recall import recall
+from atlas.core.store import Store
+from atlas.stack import open_store
 
 from .conftest import NOW
 
@@ -179,15 +180,15 @@ def test_concurrent_writers_recallers_and_superseders(scratch):
     doubles: list[list[tuple[str, list[str] | None]]] = []
     errors: list[Exception] = []
     lock = threading.Lock()
-    start = threading.Barrier(WRITERS)
+    start = threading.Barrier(WRITERS, timeout=60)  # a worker that never starts breaks it: collected below
 
     def current_fact() -> str:
         hits = recall(store, user, "thermostat degrees", k=5, types=["semantic"], mode="bm25", touch=False).hits
         return hits[0].id if hits else root
 
     def worker(n: int) -> None:
-        start.wait()
         try:
+            start.wait()
             for r in range(ROUNDS):
                 write_episode(store, user, f"turn {r} of writer {n}: the thermostat feels cold")
                 result = recall(store, user, "thermostat degrees", k=5, mode="bm25")
@@ -213,6 +214,7 @@ def test_concurrent_writers_recallers_and_superseders(scratch):
         thread.start()
     for thread in threads:
         thread.join(timeout=300)
+        assert not thread.is_alive(), "a worker hung"
     assert not errors, errors
     assert won, "no supersession succeeded"
 

@@ -1,93 +1,61 @@
 """The second-stage back ends (issue 3): how each one's scores enter the final order.
 
-The HTTP stage talks to a real local server; the cross-encoder stage gets a stand-in for the
+The HTTP stage talks to a real local server (pytest-httpserver); the cross-encoder stage gets a stand-in for the
 optional sentence-transformers package, which the project does not install.
 """
 
 from __future__ import annotations
 
-import json
 import sys
-import threading
 import types
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
+from pytest_httpserver import HTTPServer
 
-from atlas.errors import EmbeddingError
-from atlas.rerank import CrossEncoderStage, HttpRerankStage, combine, load_second_stage
+from atlas.core.errors import EmbeddingError
+from atlas.core.fusion import combine
+from atlas.models.rerank import CrossEncoderStage, HttpRerankStage, load_second_stage
 
 TEXTS = ["hub reset steps", "router reboot", "nursery quiet hours"]
+#: An answer in relevance order, as rerank servers give it: the third text best.
+RANKED = [{"index": 2, "relevance_score": 0.9}, {"index": 0, "relevance_score": 0.5},
+          {"index": 1, "relevance_score": 0.1}]
 
 
 def test_combine_weighs_any_scale_alike():
     rrf = np.array([1 / 31, 1 / 32, 1 / 33])
     logits = np.array([-4.0, 9.0, 2.5])
-    assert np.allclose(combine(rrf, logits, 1.0), combine(rrf, logits / 100 + 0.5, 1.0))
-    assert np.argmax(combine(rrf, logits, 1.0)) == 1, "a decisive second stage reorders the pool"
-    assert np.argmax(combine(rrf, logits, 10.0)) == 0, "a heavy fusion weight keeps the fused order"
+    assert np.allclose(combine(rrf, logits, rrf_weight=1.0), combine(rrf, logits / 100 + 0.5, rrf_weight=1.0))
+    assert np.argmax(combine(rrf, logits, rrf_weight=1.0)) == 1, "a decisive second stage reorders the pool"
+    assert np.argmax(combine(rrf, logits, rrf_weight=10.0)) == 0, "a heavy fusion weight keeps the fused order"
 
 
-@pytest.fixture
-def endpoint() -> Iterator[tuple[str, list[dict]]]:
-    """A rerank server that scores documents by length and records what it was sent."""
-    received: list[dict] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            received.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
-            if self.path.endswith("/broken"):
-                self.send_response(500)
-                self.end_headers()
-                return
-            documents = body.get("documents") or body.get("input")
-            scored = [{"index": i, "relevance_score": len(doc) / 100} for i, doc in enumerate(documents)]
-            key = "rerank" if self.path.startswith("/_inference") else "results"
-            payload = json.dumps({key: scored[:2] if self.path.endswith("/top2") else scored}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}", received
-    server.shutdown()
+def test_http_stage_cohere_style(httpserver: HTTPServer):
+    httpserver.expect_request("/v1/rerank", method="POST", headers={"Authorization": "Bearer secret"},
+                              json={"query": "reset", "documents": TEXTS, "model": "rerank-test"},
+                              ).respond_with_json({"results": RANKED})
+    stage = HttpRerankStage(httpserver.url_for("/v1/rerank"), model="rerank-test", api_key="secret")
+    assert stage.scores("reset", TEXTS, None).tolist() == pytest.approx([0.5, 0.1, 0.9])
 
 
-def test_http_stage_cohere_style(endpoint):
-    base, received = endpoint
-    stage = HttpRerankStage(f"{base}/v1/rerank", model="rerank-test", api_key="secret")
-    scores = stage.scores("reset", TEXTS, None)
-    assert scores.tolist() == pytest.approx([len(t) / 100 for t in TEXTS])
-    assert received[0]["body"] == {"query": "reset", "documents": TEXTS, "model": "rerank-test"}
-    assert received[0]["auth"] == "Bearer secret"
+def test_http_stage_elasticsearch_inference_body(httpserver: HTTPServer):
+    httpserver.expect_request("/_inference/rerank/my-model", method="POST",
+                              json={"query": "reset", "input": TEXTS}).respond_with_json({"rerank": RANKED})
+    scores = HttpRerankStage(httpserver.url_for("/_inference/rerank/my-model")).scores("reset", TEXTS, None)
+    assert scores.tolist() == pytest.approx([0.5, 0.1, 0.9])
 
 
-def test_http_stage_elasticsearch_inference_body(endpoint):
-    base, received = endpoint
-    scores = HttpRerankStage(f"{base}/_inference/rerank/my-model").scores("reset", TEXTS, None)
-    assert received[0]["body"] == {"query": "reset", "input": TEXTS}
-    assert scores.tolist() == pytest.approx([len(t) / 100 for t in TEXTS])
+def test_http_stage_gives_left_out_documents_the_lowest_score(httpserver: HTTPServer):
+    httpserver.expect_request("/v1/rerank").respond_with_json({"results": RANKED[:2]})  # a top_n cut
+    scores = HttpRerankStage(httpserver.url_for("/v1/rerank")).scores("reset", TEXTS, None)
+    assert scores.tolist() == pytest.approx([0.5, 0.5, 0.9])
 
 
-def test_http_stage_gives_left_out_documents_the_lowest_score(endpoint):
-    base, _ = endpoint
-    scores = HttpRerankStage(f"{base}/v1/rerank/top2").scores("reset", TEXTS, None)
-    assert scores[2] == min(scores[:2]) and np.isfinite(scores).all()
-
-
-def test_http_stage_failure_is_a_clear_error(endpoint):
-    base, _ = endpoint
+def test_http_stage_failure_is_a_clear_error(httpserver: HTTPServer):
+    httpserver.expect_request("/v1/broken").respond_with_data("model exploded", status=500)
     with pytest.raises(EmbeddingError, match="rerank endpoint .*/broken failed"):
-        HttpRerankStage(f"{base}/v1/broken").scores("reset", TEXTS, None)
+        HttpRerankStage(httpserver.url_for("/v1/broken")).scores("reset", TEXTS, None)
 
 
 def test_cross_encoder_is_loaded_once(monkeypatch):

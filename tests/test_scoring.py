@@ -6,9 +6,10 @@ from datetime import timedelta
 
 import pytest
 
-from atlas.clock import es_date
-from atlas.memory import build_document, bulk_load
-from atlas.scoring import build_scored_query, multiplier, recency, smoothed_success_rate, use_boost
+from atlas.core.clock import es_date
+from atlas.core.documents import build_document
+from atlas.core.memory import bulk_load
+from atlas.core.scoring import build_scored_query, multiplier, recency, smoothed_success_rate, use_boost
 
 from .conftest import NOW
 
@@ -26,7 +27,7 @@ def test_formula_anchor_points():
 def _measured(store, params=None, period=None) -> dict[str, float]:
     """_score of each document under a constant inner score of 1: exactly the multiplier."""
     query = build_scored_query({"constant_score": {"filter": {"match_all": {}}, "boost": 1.0}}, NOW,
-                               params or store.params, period)
+                               params=params or store.params, period=period)
     resp = store.es.search(index=store.indices, query=query, size=1000, source_includes=["source_key"])
     return {h["_source"]["source_key"]: h["_score"] for h in resp["hits"]["hits"]}
 
@@ -71,8 +72,8 @@ def test_sweepable_params_change_the_decay(store):
     bulk_load(store, [build_document("u", "old episode", "episodic", NOW, timestamp=NOW - timedelta(days=1000),
                                      source_key="old")], progress=False)
     params = store.params.with_(decay_offset="30d", decay_scale="365d")
-    assert _measured(store, params)["old"] == pytest.approx(recency(1000, params), abs=1e-3)
-    assert recency(1000, params) < recency(1000)
+    assert _measured(store, params)["old"] == pytest.approx(recency(1000, params=params), abs=1e-3)
+    assert recency(1000, params=params) < recency(1000)
 
 
 def test_period_boost_matches_the_formula(store):

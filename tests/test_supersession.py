@@ -7,12 +7,12 @@ from datetime import timedelta
 
 import pytest
 
-from atlas import supersession
-from atlas.constants import SUPERSEDE_CONFIDENCE_PENALTY
-from atlas.errors import AlreadySuperseded, ConflictError, NotFound
-from atlas.memory import write_memory
-from atlas.recall import recall
-from atlas.supersession import archive, history, repair
+from atlas.core import supersession
+from atlas.core.constants import SUPERSEDE_CONFIDENCE_PENALTY
+from atlas.core.errors import AlreadySuperseded, ConflictError, NotFound
+from atlas.core.memory import write_memory
+from atlas.core.recall import recall
+from atlas.core.supersession import archive, history, repair
 
 from .conftest import NOW
 
@@ -72,7 +72,7 @@ def test_owner_checked(store):
 
 def test_concurrent_supersession_exactly_one_wins(store):
     old = write_memory(store, "sarah", "Sarah's thermostat target is 20C", "semantic")
-    barrier = threading.Barrier(2)
+    barrier = threading.Barrier(2, timeout=30)  # if one writer never gets here, both fail instead of hanging
     outcomes: list[object] = []
     real_mark = supersession._mark
 
@@ -92,7 +92,8 @@ def test_concurrent_supersession_exactly_one_wins(store):
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            t.join(timeout=60)
+            assert not t.is_alive(), "a writer hung"
     finally:
         supersession._mark = real_mark
     winners = [o for o in outcomes if isinstance(o, str)]
@@ -138,7 +139,7 @@ def test_repair_removes_a_race_loser(store):
 def test_archive_moves_old_superseded_and_is_resumable(store, monkeypatch):
     old = write_memory(store, "sarah", "Sarah lives in Bristol", "semantic")
     new = write_memory(store, "sarah", "Sarah lives in Edinburgh", "semantic", supersedes_id=old)
-    assert archive(store, "90d", now=NOW + timedelta(days=30), progress=False) == 0
+    assert archive(store, older_than="90d", now=NOW + timedelta(days=30), progress=False) == 0
     # A crash after the copy, before the delete: the rerun finishes without duplicating.
     real_bulk = supersession.helpers.bulk
     calls = {"n": 0}
@@ -151,10 +152,10 @@ def test_archive_moves_old_superseded_and_is_resumable(store, monkeypatch):
 
     monkeypatch.setattr(supersession.helpers, "bulk", crash_on_delete)
     with pytest.raises(RuntimeError):
-        archive(store, "90d", now=NOW + timedelta(days=100), progress=False)
+        archive(store, older_than="90d", now=NOW + timedelta(days=100), progress=False)
     monkeypatch.undo()
     assert store.es.exists(index=f"{store.prefix}-archive", id=old)
-    assert archive(store, "90d", now=NOW + timedelta(days=100), progress=False) == 1
+    assert archive(store, older_than="90d", now=NOW + timedelta(days=100), progress=False) == 1
     assert not store.es.exists(index=f"{store.prefix}-semantic", id=old)
     assert store.es.count(index=f"{store.prefix}-archive")["count"] == 1
     assert [d["id"] for d in history(store, "sarah", new)] == [old, new]

@@ -1,0 +1,149 @@
+"""Where Atlas finds its cluster, its secrets and its caches: environment first, then defaults.
+
+Tuning constants are not here (see `atlas.core.constants`); this module only answers
+"which cluster, which credentials, which folders, which models".
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from atlas.core.constants import DEFAULT_EMBEDDER, DEFAULT_INDEX_PREFIX, DEFAULT_RERANKER
+
+#: The checkout the package runs from (an editable install): its data/, results/ and es-plugin/.
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _find_home() -> Path:
+    """ATLAS_HOME, else the nearest ancestor of the working directory that is an Atlas checkout."""
+    if env := os.environ.get("ATLAS_HOME"):
+        return Path(env).resolve()
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        if (folder / ".atlas").is_dir() or (folder / "atlas" / "core" / "constants.py").is_file():
+            return folder
+    return Path.home() / ".atlas-home"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything that differs between machines. Build with `load_settings()`."""
+
+    home: Path
+    #: An external cluster (Docker start-local, Elastic Cloud, self-managed); None means the local node.
+    es_url: str | None = None
+    es_api_key: str | None = None
+    es_username: str | None = None
+    es_password: str | None = None
+    es_ca_certs: str | None = None
+    es_port: int = 9200
+    es_heap: str = "1g"
+    index_prefix: str = DEFAULT_INDEX_PREFIX
+    #: Embedder spec of the first stage (see `atlas.models.embed.load_embedder`).
+    embedder: str = DEFAULT_EMBEDDER
+    #: Second stage: an embedder spec, "cross-encoder:/path" or an HTTP rerank URL.
+    reranker: str = DEFAULT_RERANKER
+    llm_base_url: str | None = None
+    llm_api_key: str | None = None
+    llm_model: str | None = None
+
+    @property
+    def secrets_dir(self) -> Path:
+        """Git-ignored folder of credentials (0700; files 0600)."""
+        return self.home / ".atlas"
+
+    @property
+    def local_credentials_path(self) -> Path:
+        """The local node's URL and `elastic` password, written by `atlas es up` (`atlas.ops.cluster`)."""
+        return self.secrets_dir / "elastic.json"
+
+    @property
+    def es_dir(self) -> Path:
+        """Git-ignored folder of the local node: distribution, config, data, logs, pid."""
+        return Path(os.environ["ATLAS_ES_DIR"]) if os.environ.get("ATLAS_ES_DIR") else self.home / ".es"
+
+    @property
+    def cache_dir(self) -> Path:
+        """Content-keyed caches (embeddings, downloads)."""
+        return self.home / ".cache"
+
+    @property
+    def embedding_cache_dir(self) -> Path:
+        """The on-disk vectors of every model, keyed by model and text (`atlas.models.embed.CachedEmbedder`)."""
+        return self.cache_dir / "embeddings"
+
+    @property
+    def outputs_dir(self) -> Path:
+        return self.home / "outputs"
+
+    @property
+    def local(self) -> bool:
+        """True when Atlas runs (and may start) its own node rather than an external cluster."""
+        return self.es_url is None
+
+    @property
+    def url(self) -> str:
+        return self.es_url or f"http://127.0.0.1:{self.es_port}"
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment (ES_URL, ES_API_KEY, ES_USERNAME, ES_PASSWORD, ES_CA_CERTS,
+    ATLAS_ES_PORT, ATLAS_ES_HEAP, ATLAS_INDEX_PREFIX, ATLAS_EMBEDDER, ATLAS_RERANKER,
+    OPENAI_BASE_URL, OPENAI_API_KEY, ATLAS_LLM_MODEL), then keyword overrides."""
+    env = os.environ.get
+    values: dict[str, Any] = {  # each a field of `Settings`, of that field's type
+        "home": _find_home(),
+        "es_url": env("ES_URL") or None,
+        "es_api_key": env("ES_API_KEY") or None,
+        "es_username": env("ES_USERNAME") or None,
+        "es_password": env("ES_PASSWORD") or None,
+        "es_ca_certs": env("ES_CA_CERTS") or None,
+        "es_port": int(env("ATLAS_ES_PORT", "9200")),
+        "es_heap": env("ATLAS_ES_HEAP", "1g"),
+        "index_prefix": env("ATLAS_INDEX_PREFIX", DEFAULT_INDEX_PREFIX),
+        "embedder": env("ATLAS_EMBEDDER", DEFAULT_EMBEDDER),
+        "reranker": env("ATLAS_RERANKER", DEFAULT_RERANKER),
+        "llm_base_url": env("OPENAI_BASE_URL") or None,
+        "llm_api_key": env("OPENAI_API_KEY") or None,
+        "llm_model": env("ATLAS_LLM_MODEL") or None,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+def write_secret(path: Path, data: dict) -> None:
+    """Write a JSON secret file readable by its owner only (folder 0700, file 0600), atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.chmod(0o700)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600, unique per writer
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle, indent=2)
+    os.replace(tmp, path)
+
+
+def read_secret(path: Path) -> dict | None:
+    """The JSON secret at `path`, or None when it does not exist."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def update_secret(path: Path, change: Callable[[dict], object]) -> dict:
+    """Read-modify-write a secret file under an exclusive lock, so concurrent writers (threads,
+    processes, a CLI beside a notebook) never lose each other's entries."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.chmod(0o700)
+    with open(path.parent / f".{path.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = read_secret(path) or {}
+        change(data)
+        write_secret(path, data)
+    return data

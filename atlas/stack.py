@@ -1,0 +1,52 @@
+"""`open_store`: the whole stack in one call, the entry point of notebooks, the CLI and the server.
+
+It connects, loads the models the settings name (`atlas.models`), makes sure the prefix's
+indices exist and match the schema, and turns on tenancy (`atlas.core.tenancy`). The core
+takes its models as arguments; this is the one place that chooses them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Literal
+
+from elasticsearch import Elasticsearch
+
+from atlas.core.config import Settings, load_settings
+from atlas.core.connection import connect
+from atlas.core.schemas import check_models, check_prefix, ensure_indices
+from atlas.core.scoring import DEFAULT_PARAMS, ScoringParams
+from atlas.core.store import Embedder, SecondStage, Store
+from atlas.core.tenancy import enable_tenancy
+from atlas.models.embed import load_embedder
+from atlas.models.rerank import load_second_stage
+
+
+def open_store(prefix: str | None = None, *, settings: Settings | None = None, es: Elasticsearch | None = None,
+               embedder: Embedder | None = None, second_stage: SecondStage | None | Literal["default"] = "default",
+               create: bool = True, now: Callable[[], datetime] | None = None,
+               params: ScoringParams = DEFAULT_PARAMS, tenancy: bool = True) -> Store:
+    """Connect, load the models and make sure the prefix's indices exist and match the schema.
+
+    With `tenancy` (the default) every read goes through the user's own DLS-restricted API
+    key and a user's first write creates it; without, reads use the service credential and
+    the `user_id` filter alone (with a warning, see `atlas.core.tenancy`).
+    """
+    settings = settings or load_settings()
+    cache = settings.embedding_cache_dir
+    es = es or connect(settings)
+    embedder = embedder or load_embedder(settings.embedder, cache_dir=cache)
+    if isinstance(second_stage, str):
+        second_stage = load_second_stage(settings.reranker, cache_dir=cache)
+    store = Store(es=es, prefix=check_prefix(prefix or settings.index_prefix), embedder=embedder,
+                  second_stage=second_stage, params=params, settings=settings)
+    if now is not None:
+        store.now = now
+    if create:
+        rerank = store.passage_embedders.get("rerank_embedding")
+        ensure_indices(es, store.prefix, embedder.dims, rerank.dims if rerank else None)
+        check_models(es, store.prefix, {field: model.name for field, model in store.passage_embedders.items()})
+    if tenancy:
+        enable_tenancy(store)
+    return store
