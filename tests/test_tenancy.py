@@ -93,14 +93,16 @@ def test_role_descriptor_is_read_only_dls_on_the_prefix():
     assert not any("*" in name for name in grant["names"])
     assert grant["privileges"] == ["read"]
     assert grant["query"] == {"bool": {"should": [
-        {"term": {"user_id": "alice"}},
-        {"bool": {"must_not": {"exists": {"field": "user_id"}}}},
+        {"bool": {"filter": [{"term": {"user_id": "alice"}}],
+                  "must_not": [{"range": {"user_id": {"lt": "alice"}}}, {"range": {"user_id": {"gt": "alice"}}}]}},
+        {"bool": {"filter": [{"term": {"_index": "acme-catalog"}}], "must_not": [{"exists": {"field": "user_id"}}]}},
     ], "minimum_should_match": 1}}
 
 
 def test_crafted_user_ids_refused(tstore):
     for bad in CRAFTED_IDS:
-        for attempt in (tenancy.build_dls_query, lambda u: build_role_descriptor(tstore.prefix, u),
+        for attempt in (lambda u: tenancy.build_dls_query(tstore.prefix, u),
+                        lambda u: build_role_descriptor(tstore.prefix, u),
                         lambda u: create_user_key(tstore, u), tstore.read_client):
             with pytest.raises(ValidationError, match="invalid"):
                 attempt(bad)

@@ -46,7 +46,7 @@ from atlas.consolidation.proposers import (
 from atlas.core import constants as C
 from atlas.core.clock import es_date
 from atlas.core.documents import VECTOR_FIELDS, build_document, prove_ownership, update_owned
-from atlas.core.errors import AtlasError, ConflictError, ValidationError
+from atlas.core.errors import AtlasError, ConflictError, NotFound, ValidationError
 from atlas.core.memory import bulk_load, record_outcome, users_with_memory
 from atlas.core.recall import recall
 from atlas.core.schemas import DATE, KEYWORD, index_name, state_name
@@ -420,23 +420,44 @@ def _restoring(saved: dict) -> Callable[[dict], dict]:
 
 
 def _rollback(store: Store, user_id: str, plan: dict) -> None:
-    """Undo the journal's done steps, newest first: delete new memories, unmark, restore playbook counters."""
+    """Undo the journal's done steps, newest first (`_undo_step`).
+
+    Every document is first read through the user's key (`prove_ownership`), so a journal that names
+    another user's document (a bug, an edited state document) changes nothing of theirs: a document
+    that is not the user's, or no longer exists, has nothing to undo.
+    """
     for step in sorted(plan["journal"], key=int, reverse=True):
         entry, action = plan["journal"][step], plan["actions"][int(step)]
         if entry.get("state") != "done":
             continue
-        if action["kind"] == "outcome":
-            playbook = prove_ownership(store, user_id, entry["id"], types=("procedural",))
-            update_owned(store, user_id, playbook, _restoring(entry["before"]), refresh=store.refresh)
+        try:
+            _undo_step(store, user_id, action, entry)
+        except NotFound:
             continue
-        memory_type: C.MemoryType = "semantic" if action["kind"] == "fact" else "procedural"
-        for old in action["proposal"].get("supersedes_id") or []:
-            source = store.es.get(index=index_name(store.prefix, "semantic"), id=old,
-                                  source_includes=["superseded_by"])
-            if source["_source"].get("superseded_by") == entry["id"]:
-                store.es.update(index=index_name(store.prefix, "semantic"), id=old,
-                                doc={"superseded_by": None, "superseded_at": None}, refresh=store.refresh)
-        store.es.delete(index=index_name(store.prefix, memory_type), id=entry["id"], refresh=store.refresh)
+
+
+def _undo_step(store: Store, user_id: str, action: dict, entry: dict) -> None:
+    """Restore a playbook's counters, or delete a new memory and make current again the facts it retired."""
+    if action["kind"] == "outcome":
+        playbook = prove_ownership(store, user_id, entry["id"], types=("procedural",))
+        update_owned(store, user_id, playbook, _restoring(entry["before"]), refresh=store.refresh)
+        return
+    memory_type: C.MemoryType = "semantic" if action["kind"] == "fact" else "procedural"
+    written = prove_ownership(store, user_id, entry["id"], types=(memory_type,))
+    for old_id in action["proposal"].get("supersedes_id") or []:
+        try:
+            old = prove_ownership(store, user_id, old_id, types=("semantic",))
+        except NotFound:
+            continue
+        if old.source.get("superseded_by") == written.id:
+            update_owned(store, user_id, old, _unmarking(written.id), refresh=store.refresh)
+    store.es.delete(index=written.index, id=written.id, refresh=store.refresh)
+
+
+def _unmarking(new_id: str) -> Callable[[dict], dict]:
+    """An `update_owned` change that makes a fact current again, if `new_id` is still what retired it."""
+    return lambda source: {"superseded_by": None, "superseded_at": None} \
+        if source.get("superseded_by") == new_id else {}
 
 
 def apply_plan(store: Store, user_id: str, plan: dict) -> dict:

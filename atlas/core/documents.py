@@ -20,10 +20,10 @@ from atlas.core import constants as C
 from atlas.core.clock import es_date
 from atlas.core.errors import ConflictError, NotFound
 from atlas.core.passages import passage_sentences, passage_text
-from atlas.core.schemas import MODEL_FIELDS, archive_name, index_name
+from atlas.core.schemas import MODEL_FIELDS, archive_name, build_sole_owner_filter, index_name
 from atlas.core.scoring import smoothed_success_rate
 from atlas.core.store import Store
-from atlas.core.validation import check_id, check_user
+from atlas.core.validation import check_id, check_owner, check_user
 
 #: Fields that hold vectors, left out of what recall reads back.
 VECTOR_FIELDS = ("embedding", "rerank_embedding", "sentences")
@@ -87,8 +87,8 @@ def provision_users(store: Store, user_ids: Iterable[str | None]) -> None:
 
 
 def index_document(store: Store, doc: dict, *, refresh: str | None = None) -> str:
-    """Index one document with its vectors (the owner's read key first); returns its id."""
-    provision_users(store, [doc.get("user_id")])
+    """Index one document with its vectors (its owner checked, and the owner's read key made, first); returns its id."""
+    provision_users(store, [check_owner(doc)])
     embed_documents(store, [doc])
     resp = store.es.index(index=index_name(store.prefix, doc["memory_type"]), document=doc,
                           refresh=refresh or store.refresh)
@@ -114,8 +114,8 @@ def prove_ownership(store: Store, user_id: str, doc_id: str, *,
 
 
 def build_owned_query(user_id: str, doc_id: str) -> dict:
-    """The search behind `prove_ownership`: the id, filtered on the owner, with what OCC needs."""
-    return {"query": {"bool": {"filter": [{"ids": {"values": [doc_id]}}, {"term": {"user_id": user_id}}]}},
+    """The search behind `prove_ownership`: the id, filtered on its sole owner, with what OCC needs."""
+    return {"query": {"bool": {"filter": [{"ids": {"values": [doc_id]}}, build_sole_owner_filter(user_id)]}},
             "seq_no_primary_term": True, "size": 1, "_source": {"excludes": list(VECTOR_FIELDS)},
             "ignore_unavailable": True}
 

@@ -37,6 +37,7 @@ from atlas.core.validation import (
     check_flag,
     check_ids,
     check_label,
+    check_owner,
     check_steps,
     check_text,
     check_type,
@@ -124,8 +125,12 @@ def write_memory(store: Store, user_id: str, text: str, memory_type: C.MemoryTyp
 
 
 def forget_memory(store: Store, user_id: str, doc_id: str) -> str:
-    """Hard delete, only on an explicit request, only of the user's own document. Returns its index."""
-    doc = prove_ownership(store, user_id, doc_id)
+    """Hard delete, only on an explicit request, only of the user's own document. Returns its index.
+
+    The archive too: a retired fact is still recalled with `include_superseded`, so its owner must be
+    able to forget it there.
+    """
+    doc = prove_ownership(store, user_id, doc_id, archive=True)
     store.es.delete(index=doc.index, id=doc.id, refresh=store.refresh)
     return doc.index
 
@@ -185,6 +190,8 @@ def bulk_load(store: Store, docs: Sequence[dict], *, progress: bool = True, batc
 
     Used by data-set loaders and the catalog; the embedding cache makes reruns cheap. `ids`, when
     given, are used instead of Elasticsearch's own, so loading again overwrites instead of duplicating.
+    Every memory needs exactly one owner and a catalog item none (`validation.check_owner`): one that
+    does not refuses the whole load, before anything is written.
 
     Documents go in `_bulk` batches of `batch`. A document the cluster refuses stops the load after
     its batch: `ValidationError` when nothing at all was written, otherwise `PartialWrite`, whose
@@ -193,7 +200,7 @@ def bulk_load(store: Store, docs: Sequence[dict], *, progress: bool = True, batc
     """
     if ids is not None and len(ids) != len(docs):
         raise ValidationError(f"ids has {len(ids)} entries for {len(docs)} documents: give one id per document")
-    provision_users(store, (d.get("user_id") for d in docs))
+    provision_users(store, [check_owner(d) for d in docs])
     assigned: list[str] = []
     bar = tqdm(total=len(docs), desc="indexing", unit="doc", disable=not progress)
     try:

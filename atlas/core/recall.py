@@ -84,11 +84,11 @@ class RecallResult:
 # --- request bodies ------------------------------------------------------------------
 
 
-def build_filters(user_id: str, *, code_filter: bool = True, include_superseded: bool = False) -> dict:
+def build_filters(prefix: str, user_id: str, *, code_filter: bool = True, include_superseded: bool = False) -> dict:
     """The user's own documents plus the shared catalog (the code-side twin of the DLS query)."""
     clauses: dict = {"filter": [], "must_not": []}
     if code_filter:
-        clauses["filter"].append(build_owner_filter(user_id))
+        clauses["filter"].append(build_owner_filter(prefix, user_id))
     if not include_superseded:
         clauses["must_not"].append({"exists": {"field": "superseded_by"}})
     return {"bool": clauses}
@@ -146,7 +146,7 @@ def build_recall_requests(store: Store, user_id: str, query: str, *, mode: C.Rec
                           period: Period | None = None) -> list[dict]:
     """[{"path", "header", "body"}] of one `_msearch`: one search per retrieval path."""
     header = {"index": recall_indices(store, types, include_superseded), "ignore_unavailable": True}
-    filters = build_filters(user_id, code_filter=store.code_filter, include_superseded=include_superseded)
+    filters = build_filters(store.prefix, user_id, code_filter=store.code_filter, include_superseded=include_superseded)
     requests = []
     for path in paths_of(mode):
         if path == "bm25":

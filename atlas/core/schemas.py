@@ -274,14 +274,29 @@ def drop_indices(es: Elasticsearch, prefix: str) -> None:
         es.cluster.delete_component_template(name=f"{prefix}-common")
 
 
-def build_owner_filter(user_id: str) -> dict:
-    """The user's own documents or documents without an owner (the catalog's world data).
+def build_sole_owner_filter(user_id: str) -> dict:
+    """Documents whose `user_id` is `user_id` and nothing else.
 
-    One clause for both guards: the code filter of every recall and the DLS query of the user's key.
+    A range on a keyword field matches a document when any one of its values falls in the range, so
+    the two ranges leave out a document that names another user beside this one (`["alice", "bob"]`):
+    such a document is nobody's, not both users'. Writes refuse it (`validation.check_owner`); this
+    keeps one that an operator planted from being read. No script needed (the cluster has none).
+    """
+    return {"bool": {"filter": [{"term": {"user_id": user_id}}],
+                     "must_not": [{"range": {"user_id": {"lt": user_id}}}, {"range": {"user_id": {"gt": user_id}}}]}}
+
+
+def build_owner_filter(prefix: str, user_id: str) -> dict:
+    """The user's own documents, or the catalog's documents without an owner (its shared world data).
+
+    One clause for both guards: the code filter of every recall and the DLS query of the user's key
+    (a role is made per prefix, hence the prefix). Only the catalog index may hold ownerless documents:
+    a memory without `user_id`, or with an empty list, is read by no user, whoever wrote it.
     """
     return {"bool": {"should": [
-        {"term": {"user_id": user_id}},
-        {"bool": {"must_not": {"exists": {"field": "user_id"}}}},
+        build_sole_owner_filter(user_id),
+        {"bool": {"filter": [{"term": {"_index": index_name(prefix, "catalog")}}],
+                  "must_not": [{"exists": {"field": "user_id"}}]}},
     ], "minimum_should_match": 1}}
 
 

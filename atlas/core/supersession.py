@@ -24,7 +24,7 @@ from atlas.core import constants as C
 from atlas.core.clock import es_date
 from atlas.core.documents import VECTOR_FIELDS, Owned, build_document, index_document, prove_ownership, update_owned
 from atlas.core.errors import AlreadySuperseded, ConflictError, NotFound, ValidationError
-from atlas.core.schemas import archive_name, index_name
+from atlas.core.schemas import archive_name, build_sole_owner_filter, index_name
 from atlas.core.scoring import days
 from atlas.core.store import Store
 from atlas.core.validation import check_id, check_user
@@ -79,7 +79,7 @@ def supersede(store: Store, user_id: str, old_ids: Sequence[str], text: str, mem
     for old in olds:
         if old.source.get("superseded_by"):
             raise AlreadySuperseded(old.id, chain_head(store, user_id, old.id))
-        if not _settled(store, old):
+        if not _settled(store, user_id, old):
             raise ConflictError(f"memory {old.id} is still being written by a concurrent supersession (or one that "
                                 "crashed: run `atlas repair`); nothing was written, re-read and retry")
     now = store.now()
@@ -104,14 +104,17 @@ def supersede(store: Store, user_id: str, old_ids: Sequence[str], text: str, mem
     return new_id
 
 
-def _settled(store: Store, doc: Owned) -> bool:
+def _settled(store: Store, user_id: str, doc: Owned) -> bool:
     """Whether every fact `doc` supersedes points back to it. Until then its own supersession is in
-    flight, or lost its race and `doc` is about to be removed: superseding it would fork the chain."""
+    flight, or lost its race and `doc` is about to be removed: superseding it would fork the chain.
+
+    Read through the user's client: a link into another user's fact (only a planted document has one)
+    is not the user's to wait for."""
     previous = list(doc.source.get("supersedes") or ())
     if not previous:
         return True
-    hits = store.es.search(index=store.indices, query={"ids": {"values": previous}}, size=len(previous),
-                           source_includes=["superseded_by"])["hits"]["hits"]
+    hits = store.read_client(user_id).search(index=store.indices, query={"ids": {"values": previous}},
+                                             size=len(previous), source_includes=["superseded_by"])["hits"]["hits"]
     return all(hit["_source"].get("superseded_by") == doc.id for hit in hits)
 
 
@@ -131,20 +134,22 @@ class RepairReport:
 def repair(store: Store, user_id: str | None = None) -> RepairReport:
     """Finish supersessions a crash interrupted; remove new documents that lost a race.
 
-    Looks at every current document with `supersedes`: an old document not yet marked
-    is marked now; one marked by somebody else means ours is an orphan.
+    Looks at every current document with `supersedes` (the user's own, when `user_id` is given): an
+    old document not yet marked is marked now; one marked by somebody else means ours is an orphan.
+    A link counts only when the old document has the new one's owner (`_linked`), so a document that
+    names another user's fact neither marks that fact nor is removed because of it.
     """
     report = RepairReport()
     query: dict = {"bool": {"filter": [{"exists": {"field": "supersedes"}}],
                             "must_not": [{"exists": {"field": "superseded_by"}}]}}
     if user_id is not None:
-        query["bool"]["filter"].append({"term": {"user_id": check_user(user_id)}})
+        query["bool"]["filter"].append(build_sole_owner_filter(check_user(user_id)))
     indices = ",".join(index_name(store.prefix, t) for t in C.USER_MEMORY_TYPES)
     store.es.indices.refresh(index=indices)
     for hit in helpers.scan(store.es, index=indices, query={"query": query}, _source_excludes=list(VECTOR_FIELDS)):
         new_id, source = hit["_id"], hit["_source"]
         for old_id in source["supersedes"]:
-            old = _find(store, old_id)
+            old = _linked(store, user_id, source.get("user_id"), old_id)
             if old is None:
                 continue
             holder = old.source.get("superseded_by")
@@ -158,8 +163,26 @@ def repair(store: Store, user_id: str | None = None) -> RepairReport:
     return report
 
 
+def _linked(store: Store, user_id: str | None, owner: object, old_id: str) -> Owned | None:
+    """The document a `supersedes` link names, if it has the same single owner as the document linking it.
+
+    For a user's repair, read through the user's key (`prove_ownership`); for the whole prefix, read
+    with the service credential and compared with `owner`, the linking document's `user_id`.
+    """
+    if user_id is not None:
+        try:
+            return prove_ownership(store, user_id, old_id, archive=True)
+        except NotFound:
+            return None
+    old = _find(store, old_id)
+    if old is None or not isinstance(owner, str) or old.source.get("user_id") != owner:
+        return None
+    return old
+
+
 def _find(store: Store, doc_id: str) -> Owned | None:
-    """A document by id in any of the prefix's indices, read with the service credential (repair only)."""
+    """A document by id in any of the prefix's indices, read with the service credential (repair of a whole
+    prefix, and the error of a lost race)."""
     resp = store.es.search(index=store.indices, query={"ids": {"values": [doc_id]}},
                            seq_no_primary_term=True, source_excludes=list(VECTOR_FIELDS))
     hits = resp["hits"]["hits"]

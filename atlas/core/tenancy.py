@@ -1,11 +1,12 @@
 """Tenant isolation: per-user read keys with document-level security, and the checks that prove it.
 
 Every read of a user's memory can go through an API key whose only privilege is `read`
-on the prefix's indices, restricted by a DLS query to the user's own documents and the
-shared catalog (documents without `user_id`). Writes keep the service credential (a DLS
-key may not use the update API); `memory.owned` first proves ownership with a read
-through the user's key. The `user_id` filter in every query (`recall.build_filters`) is
-the second guard, and `warn_if_unrestricted` says loudly when it is the only one.
+on the prefix's indices, restricted by a DLS query to the documents the user alone owns and
+the shared catalog (the catalog index's documents without `user_id`). Writes keep the service
+credential (a DLS key may not use the update API); `documents.prove_ownership` first proves
+ownership with a read through the user's key. The same clause in every recall query
+(`recall.build_filters`) is the second guard, and `warn_if_unrestricted` says loudly when it
+is the only one.
 See docs/security.md.
 """
 
@@ -22,7 +23,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from elasticsearch import AuthenticationException, AuthorizationException, Elasticsearch
+from elasticsearch import AuthenticationException, AuthorizationException, Elasticsearch, NotFoundError
 
 from atlas.core import constants as C
 from atlas.core.clock import es_date, parse_date, utcnow
@@ -73,13 +74,13 @@ def key_scope(prefix: str | None = None, *, settings: Settings | None = None) ->
 # --- request bodies ----------------------------------------------------------------------
 
 
-def build_dls_query(user_id: str) -> dict:
-    """The user's own documents or documents without an owner (the catalog): the twin of the code filter.
+def build_dls_query(prefix: str, user_id: str) -> dict:
+    """The user's own documents or the catalog's ownerless ones: the twin of the code filter.
 
     DLS queries may use neither `now` nor templates, so the id goes in literally, after
     `check_user` made sure it is a plain token.
     """
-    return build_owner_filter(check_user(user_id))
+    return build_owner_filter(check_prefix(prefix), check_user(user_id))
 
 
 def key_name(prefix: str, user_id: str) -> str:
@@ -90,7 +91,7 @@ def build_role_descriptor(prefix: str, user_id: str) -> dict:
     """`read` on the prefix's exact index names (memory + archive), nothing else, through the DLS query."""
     return {f"{key_name(prefix, user_id)}-read": {
         "cluster": [],
-        "indices": [{"names": all_indices(prefix), "privileges": ["read"], "query": build_dls_query(user_id),
+        "indices": [{"names": all_indices(prefix), "privileges": ["read"], "query": build_dls_query(prefix, user_id),
                      "allow_restricted_indices": False}],
     }}
 
@@ -262,7 +263,9 @@ class KeyReader:
     """`store.reader` after `enable_tenancy`: each user reads through their own stored key.
 
     The secrets file is read on every call, so a rotation or revocation (also by another
-    process) takes effect at once; clients are cached per key.
+    process) takes effect at once; clients are cached per key. A key is checked once, when its
+    client is made: a key with an older Atlas role is replaced first (`upgrade_user_key`), then the
+    credential is inspected and must belong to the user.
     """
 
     def __init__(self, store: Store) -> None:
@@ -276,6 +279,7 @@ class KeyReader:
         cached = self.clients.get(user_id)
         if cached is not None and cached[0] == key.id:
             return cached[1]
+        key = upgrade_user_key(self.store, key)
         client = user_client(self.store.es, user_id, key.encoded)
         report = warn_if_unrestricted(client, prefix=self.store.prefix, context=f"the stored key of user {user_id}")
         if report.user_id != user_id:
@@ -288,11 +292,41 @@ class KeyReader:
 _PROVISION_LOCK = threading.Lock()
 
 
+def upgrade_user_key(scope: Scope, key: UserKey) -> UserKey:
+    """`key`, or its replacement when the cluster holds it with an older Atlas role than today's.
+
+    A key keeps the DLS query it was made with, so when `build_role_descriptor` changes (as when the
+    ownerless clause was limited to the catalog index) the keys made before still read by the old
+    one. Such a key, live and made by Atlas for this user (its metadata and role name say so), is
+    rotated: the new key is stored before the old one is invalidated. A key the cluster no longer
+    accepts and a key Atlas did not make are returned as they are, for the read to refuse; a key that
+    another thread or process replaced meanwhile is returned as stored.
+    """
+    expected = build_role_descriptor(scope.prefix, key.user_id)
+    try:
+        info = scope.es.security.get_api_key(id=key.id)["api_keys"][0]
+    except NotFoundError:
+        return key
+    except AuthorizationException:
+        raise AuthError(f"the service credential may not read the key of user {key.user_id} to check its role: "
+                        "it needs the `manage_api_key` cluster privilege (or `manage_own_api_key`, for the keys "
+                        "it made)") from None
+    roles, meta = info.get("role_descriptors") or {}, info.get("metadata") or {}
+    made_by_atlas = meta.get("atlas_user_id") == key.user_id and meta.get("atlas_prefix") == scope.prefix \
+        and set(roles) == set(expected)
+    if info.get("invalidated") or not made_by_atlas or canonical_roles(roles) == canonical_roles(expected):
+        return key
+    with _PROVISION_LOCK:
+        current = stored_key(scope.settings, scope.prefix, key.user_id)
+        return current if current.id != key.id else rotate_user_key(scope, key.user_id)
+
+
 def ensure_user_key(scope: Scope, user_id: str, *, verify: bool = False) -> None:
     """Create the user's read key when they have none (their first write provisions it).
 
     A revoked or expired key stays so until someone rotates it, unless `verify`, which
-    also replaces a key the cluster no longer accepts (evaluation runs on a reset node).
+    also replaces a key the cluster no longer accepts (evaluation runs on a reset node) and
+    a key with an older Atlas role (`authenticate_user_key` refuses both).
     """
     with _PROVISION_LOCK:
         try:

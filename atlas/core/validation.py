@@ -7,7 +7,7 @@ never be able to widen a query.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from atlas.core import constants as C
@@ -25,6 +25,25 @@ def check_user(user_id: object) -> str:
         raise ValidationError(f"user id {user_id!r} is invalid: use 1-64 characters of a-z, 0-9, '_' or '-', "
                               "starting with a letter or digit")
     return user_id
+
+
+def check_owner(doc: Mapping) -> str | None:
+    """The owner of a document about to be written: one user id for a memory, none for a catalog item.
+
+    Reads let through the user's own documents and the catalog's ownerless ones
+    (`schemas.build_owner_filter`); a memory without an owner, with an empty list or with a list
+    of owners would be nobody's, so it is refused before anything is written.
+    """
+    memory_type = check_type(doc.get("memory_type"))
+    owner = doc.get("user_id")
+    if memory_type == "catalog":
+        if "user_id" in doc:
+            raise ValidationError(f"a catalog item is shared by every user: leave out its user_id (found {owner!r})")
+        return None
+    if not isinstance(owner, str) or not USER_ID_PATTERN.fullmatch(owner):
+        raise ValidationError(f"a {memory_type} memory belongs to exactly one user: its user_id must be one user id "
+                              f"(1-64 characters of a-z, 0-9, '_' or '-'), not {owner!r}")
+    return owner
 
 
 def check_text(text: object, *, what: str = "text") -> str:
