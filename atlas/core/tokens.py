@@ -138,6 +138,11 @@ def revoke_tokens(scope: Scope, user_id: str) -> list[str]:
     return revoked
 
 
+def forget_prefix_tokens(settings: Settings, prefix: str) -> None:
+    """Drop every token of the prefix from the file (`Store.drop`: the keys behind them are invalidated too)."""
+    update_secret(tokens_path(settings), lambda data: data.pop(prefix, None))
+
+
 def create_user(scope: Scope, user_id: str, *, expiration: str | None = None) -> Issued:
     """The user's read key (kept on the server) and their first token (for them); `atlas users create`."""
     key = create_user_key(scope, user_id, expiration=expiration)
