@@ -14,7 +14,7 @@ from atlas.core.errors import AtlasError
 from atlas.ops import cluster
 
 if TYPE_CHECKING:
-    from atlas.core.tenancy import UserKey
+    from atlas.core.tokens import Issued
 
 app = typer.Typer(help="Atlas: long-term agent memory on Elasticsearch.", no_args_is_help=True)
 es_app = typer.Typer(help="The local Elasticsearch node (ignored when ES_URL is set).", no_args_is_help=True)
@@ -126,73 +126,78 @@ def es_capabilities(markdown: bool = typer.Option(False, help="print the table o
             typer.echo(f"{'yes' if result.supported else 'no ':4} {result.name}: {result.detail}")
 
 
-users_app = typer.Typer(help="Per-user read keys with document-level security (docs/security.md).",
-                        no_args_is_help=True)
+users_app = typer.Typer(help="Per-user Atlas tokens and the read keys with document-level security behind them "
+                             "(docs/security.md).", no_args_is_help=True)
 app.add_typer(users_app, name="users")
-SECRET_OPTION = typer.Option(False, "--show-secret", help="also print the encoded key (it is stored either way)")
-EXPIRATION_OPTION = typer.Option(None, help="lifetime such as 30d or 12h (default: never expires)")
+EXPIRATION_OPTION = typer.Option(None, help=f"lifetime such as 30d or 12h (default: token {C.TOKEN_EXPIRATION}, "
+                                            "key never)")
 
 
-def _print_key(verb: str, key: UserKey, show_secret: bool) -> None:
-    expiry = f"expires {key.expires_at}" if key.expires_at else "never expires"
-    typer.echo(f"{verb} key {key.id} for user {key.user_id} (prefix {key.prefix}, {expiry})")
-    if show_secret:
-        typer.echo(key.encoded)
+def _print_issued(verb: str, issued: Issued) -> None:
+    token = issued.token
+    typer.echo(f"{verb} token {token.id} for user {token.user_id} (prefix {token.prefix}, "
+               f"expires {token.expires_at}); the read key stays on this server")
+    typer.echo("  the token is shown once, give it to the user's MCP client as `Authorization: Bearer <token>`:")
+    typer.echo(f"  {issued.secret}")
 
 
 @users_app.command("create")
-def users_create(user_id: str, expiration: str | None = EXPIRATION_OPTION, prefix: str | None = PREFIX_OPTION,
-                 show_secret: bool = SECRET_OPTION) -> None:
-    """Create a user's read key and store it in .atlas/users.json."""
-    from atlas.core.tenancy import create_user_key, key_scope, users_path
+def users_create(user_id: str, expiration: str | None = EXPIRATION_OPTION, prefix: str | None = PREFIX_OPTION) -> None:
+    """Create a user's read key (kept in .atlas/users.json) and print their first Atlas token, once."""
+    from atlas.core.tenancy import key_scope
+    from atlas.core.tokens import create_user
 
     try:
-        scope = key_scope(prefix)
-        key = create_user_key(scope, user_id, expiration=expiration)
+        issued = create_user(key_scope(prefix), user_id, expiration=expiration)
     except AtlasError as exc:
         _fail(exc)
-    _print_key("created", key, show_secret)
-    typer.echo(f"  stored in {users_path(scope.settings)}")
+    _print_issued("created", issued)
 
 
 @users_app.command("list")
 def users_list(prefix: str | None = PREFIX_OPTION) -> None:
-    """Stored keys (never their secrets), with their state as this machine knows it."""
+    """Stored keys and tokens (never their secrets), with their state as this machine knows it."""
     from atlas.core.config import load_settings
     from atlas.core.tenancy import list_user_keys, users_path
+    from atlas.core.tokens import list_tokens
 
     settings = load_settings()
     keys = list_user_keys(settings, prefix=prefix)
     if not keys:
         typer.echo(f"no keys in {users_path(settings)}: create one with `atlas users create <user_id>`")
     for key in keys:
-        typer.echo(f"{key.prefix:20} {key.user_id:24} {key.id:22} {key.state():8} "
+        typer.echo(f"{key.prefix:20} {key.user_id:24} key   {key.id:22} {key.state():8} "
                    f"expires {key.expires_at or 'never'}")
+    for token in list_tokens(settings, prefix=prefix):
+        typer.echo(f"{token.prefix:20} {token.user_id:24} token {token.id:22} {token.state():8} "
+                   f"expires {token.expires_at or 'never'}")
 
 
 @users_app.command("rotate")
-def users_rotate(user_id: str, expiration: str | None = EXPIRATION_OPTION, prefix: str | None = PREFIX_OPTION,
-                 show_secret: bool = SECRET_OPTION) -> None:
-    """Replace a user's key (also after it was revoked or expired); the old one stops working."""
-    from atlas.core.tenancy import key_scope, rotate_user_key
+def users_rotate(user_id: str, expiration: str | None = EXPIRATION_OPTION, prefix: str | None = PREFIX_OPTION) -> None:
+    """New key and token (also after revoke or expiry); every other key and token of the user stops working."""
+    from atlas.core.tenancy import key_scope
+    from atlas.core.tokens import rotate_user
 
     try:
-        key = rotate_user_key(key_scope(prefix), user_id, expiration=expiration)
+        issued = rotate_user(key_scope(prefix), user_id, expiration=expiration)
     except AtlasError as exc:
         _fail(exc)
-    _print_key("rotated to", key, show_secret)
+    _print_issued("rotated to", issued)
 
 
 @users_app.command("revoke")
 def users_revoke(user_id: str, prefix: str | None = PREFIX_OPTION) -> None:
-    """Invalidate a user's key; their reads fail until `atlas users rotate`."""
-    from atlas.core.tenancy import key_scope, revoke_user_key
+    """Invalidate every key of the user in the prefix (found in the cluster, wherever minted) and every token."""
+    from atlas.core.tenancy import key_scope
+    from atlas.core.tokens import revoke_user
 
     try:
-        key = revoke_user_key(key_scope(prefix), user_id)
+        done = revoke_user(key_scope(prefix), user_id)
     except AtlasError as exc:
         _fail(exc)
-    typer.echo(f"revoked key {key.id} of user {key.user_id} (prefix {key.prefix})")
+    typer.echo(f"revoked user {done.user_id} (prefix {done.prefix}): {len(done.key_ids)} live key(s) invalidated "
+               f"in the cluster, {len(done.token_ids)} token(s); `atlas users rotate {done.user_id}` restores access")
 
 
 @app.command("bench")

@@ -1,7 +1,9 @@
 """The MCP server over real HTTP with the real MCP client: tools, auth, errors, ownership (issue 7).
 
-The app runs under uvicorn in a background thread on a free loopback port. Keys live in
-a test-local secrets folder (ATLAS_HOME=tmp_path) and are invalidated at the end.
+The app runs under uvicorn in a background thread on a free loopback port. Clients present
+Atlas tokens (`atlas.core.tokens`); tokens and keys live in a test-local secrets folder
+(ATLAS_HOME=tmp_path) and the keys are invalidated at the end. The attacks on the tokens
+themselves are in tests/test_tokens.py.
 """
 
 from __future__ import annotations
@@ -18,17 +20,17 @@ from atlas.core.constants import CONTRADICTIONS, FACT_TYPES, MEMORY_TYPES, USER_
 from atlas.serve.mcp_server import BackgroundServer, create_app, open_client
 from atlas.core.memory import write_memory
 from atlas.core.store import Store
-from atlas.core.tenancy import create_user_key
+from atlas.core.tokens import create_user
 
 
 @pytest.fixture
 def keyed(store: Store, tmp_path, monkeypatch) -> Iterator[tuple[Store, dict[str, str]]]:
-    """The isolated store with keys for sarah and tom in tmp_path; the keys are invalidated afterwards."""
+    """The isolated store with keys and tokens for sarah and tom in tmp_path; the keys are invalidated afterwards."""
     monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
     store.settings = replace(store.settings, home=tmp_path)
-    made = {user: create_user_key(store, user) for user in ("sarah", "tom")}
-    yield store, {user: key.encoded for user, key in made.items()}
-    store.es.security.invalidate_api_key(ids=[key.id for key in made.values()])
+    made = {user: create_user(store, user) for user in ("sarah", "tom")}
+    yield store, {user: issued.secret for user, issued in made.items()}
+    store.es.security.invalidate_api_key(ids=[issued.key.id for issued in made.values() if issued.key])
 
 
 @pytest.fixture
@@ -171,8 +173,9 @@ def test_forget_of_another_users_memory_is_refused(served):
 def test_info_gives_the_client_configuration(served):
     _, _, server = served
     info = httpx.get(server.url("sarah") + "/info").json()
-    assert info["url"] == server.url("sarah") and info["transport"] == "streamable-http"
-    assert info["headers"] == {"Authorization": "Bearer <ATLAS_API_KEY>"}
-    assert info["clients"]["cursor"]["mcpServers"]["atlas"]["url"] == server.url("sarah")
-    assert server.url("sarah") in info["clients"]["claude_desktop"]["mcpServers"]["atlas"]["args"]
+    configured = "http://127.0.0.1:8765/api/atlas/mcp/sarah"  # the app's default bind, not this test's port
+    assert info["url"] == configured and info["transport"] == "streamable-http"
+    assert info["headers"] == {"Authorization": "Bearer <ATLAS_TOKEN>"}
+    assert info["clients"]["cursor"]["mcpServers"]["atlas"]["url"] == configured
+    assert configured in info["clients"]["claude_desktop"]["mcpServers"]["atlas"]["args"]
     assert httpx.get(server.base_url + "/api/atlas/mcp/Not%20A%20User/info").status_code == 400

@@ -19,7 +19,7 @@ from elasticsearch import AuthorizationException
 from elasticsearch import NotFoundError as ESNotFound
 from typer.testing import CliRunner
 
-from atlas.core import tenancy
+from atlas.core import tenancy, tokens
 from atlas.research import leaks
 from atlas.research.leaks import leak_sweep
 from atlas.cli import app
@@ -371,14 +371,17 @@ def test_cli_users_lifecycle(tstore, monkeypatch):
     created = runner.invoke(app, ["users", "create", "alice", "--expiration", "30d", "--prefix", tstore.prefix])
     assert created.exit_code == 0, created.output
     key = tenancy.stored_key(tstore.settings, tstore.prefix, "alice")
-    assert key.id in created.output and key.encoded not in created.output
+    assert key.expiration == "30d" and key.encoded not in created.output  # the key never leaves the server
+    [token] = tokens.list_tokens(tstore.settings, prefix=tstore.prefix)
+    assert token.id in created.output and token.user_id == "alice" and token.state() == "active"
     listed = runner.invoke(app, ["users", "list"])
     assert "alice" in listed.output and "active" in listed.output and key.encoded not in listed.output
-    rotated = runner.invoke(app, ["users", "rotate", "alice", "--prefix", tstore.prefix, "--show-secret"])
+    assert key.id in listed.output and token.id in listed.output
+    rotated = runner.invoke(app, ["users", "rotate", "alice", "--prefix", tstore.prefix])
     new = tenancy.stored_key(tstore.settings, tstore.prefix, "alice")
-    assert rotated.exit_code == 0 and new.id in rotated.output and new.encoded in rotated.output
+    assert rotated.exit_code == 0 and new.id != key.id and new.encoded not in rotated.output
     revoked = runner.invoke(app, ["users", "revoke", "alice", "--prefix", tstore.prefix])
-    assert revoked.exit_code == 0 and new.id in revoked.output
+    assert revoked.exit_code == 0 and "1 live key(s)" in revoked.output and "1 token(s)" in revoked.output
     assert "revoked" in runner.invoke(app, ["users", "list", "--prefix", tstore.prefix]).output
     failed = runner.invoke(app, ["users", "create", "a OR b", "--prefix", tstore.prefix])
     assert failed.exit_code == 1 and "invalid" in failed.output

@@ -142,6 +142,22 @@ ARCHIVE_BATCH = 500
 MCP_HOST = "127.0.0.1"
 MCP_PORT = 8765
 
+# --- bearer tokens (atlas.core.tokens) ------------------------------------------------
+#: Every Atlas token starts with this, so a leaked one is recognisable (secret scanners, logs).
+TOKEN_PREFIX = "atl_"
+#: Random bytes of a token (`secrets.token_urlsafe`): 256 bits, so a plain sha256 is a safe stored form.
+TOKEN_BYTES = 32
+#: Lifetime of a token unless `--expiration` says otherwise.
+TOKEN_EXPIRATION = "90d"
+#: Seconds a server trusts its in-memory copy of the token file: a revocation is honoured within this bound.
+TOKEN_CACHE_SECONDS = 5.0
+#: Failed authentications one client address may make per window before it gets 429.
+AUTH_FAILURE_LIMIT = 10
+#: The window of that limit, in seconds (also the longest Retry-After).
+AUTH_FAILURE_WINDOW = 60.0
+#: Client addresses the throttle remembers at most (the stalest are forgotten first).
+AUTH_THROTTLE_CLIENTS = 10_000
+
 # --- agent tools ----------------------------------------------------------------
 #: Hits an agent sees per recall: the pre-recall of every turn and the recall tool's default.
 RECALL_K = 8

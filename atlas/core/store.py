@@ -22,6 +22,7 @@ from atlas.core.config import Settings, load_settings
 from atlas.core.schemas import all_indices, drop_indices
 from atlas.core.scoring import DEFAULT_PARAMS, ScoringParams
 from atlas.core.tenancy import forget_prefix_keys
+from atlas.core.tokens import forget_prefix_tokens
 
 
 @runtime_checkable
@@ -95,7 +96,8 @@ class Store:
         return fields
 
     def drop(self) -> None:
-        """Drop every index of this prefix and invalidate its user keys (notebook and test cleanup)."""
+        """Drop every index of this prefix, invalidate its user keys, forget its tokens (notebook and test cleanup)."""
         drop_indices(self.es, self.prefix)
         if self.provision is not None:
             forget_prefix_keys(self)
+            forget_prefix_tokens(self.settings, self.prefix)

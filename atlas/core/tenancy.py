@@ -215,20 +215,42 @@ def create_user_key(scope: Scope, user_id: str, *, expiration: str | None = None
 
 
 def rotate_user_key(scope: Scope, user_id: str, *, expiration: str | None = None) -> UserKey:
-    """Replace the user's key: the new one is stored before the old one is invalidated."""
+    """Replace the user's key: the new one is stored before every other key of the user is invalidated."""
     old = stored_key(scope.settings, scope.prefix, user_id)
     new = _issue(scope, user_id, expiration or old.expiration)
-    scope.es.security.invalidate_api_key(ids=[old.id])
+    invalidate_user_keys(scope, user_id, keep=new.id)
     return new
 
 
 def revoke_user_key(scope: Scope, user_id: str) -> UserKey:
-    """Invalidate the user's key; it stays in the file, marked, so that reads say what happened."""
+    """Invalidate every key of the user in the prefix, not only the stored one (another server may have
+    minted its own); the stored one stays in the file, marked, so that reads say what happened."""
     key = stored_key(scope.settings, scope.prefix, user_id)
-    scope.es.security.invalidate_api_key(ids=[key.id])
+    invalidate_user_keys(scope, user_id)
     key = replace(key, revoked_at=es_date(utcnow()))
     _save(scope.settings, key)
     return key
+
+
+def live_user_keys_query(prefix: str, user_id: str) -> dict:
+    """The `_security/_query/api_key` query for one user's keys of the prefix that are not invalidated."""
+    return {"bool": {"filter": [{"term": {"metadata.atlas_prefix": prefix}},
+                                {"term": {"metadata.atlas_user_id": check_user(user_id)}},
+                                {"term": {"invalidated": False}}]}}
+
+
+def invalidate_user_keys(scope: Scope, user_id: str, *, keep: str | None = None) -> list[str]:
+    """Invalidate every live key the cluster holds for the user (found by metadata, paged), but `keep`."""
+    return _invalidate_all(scope.es, live_user_keys_query(scope.prefix, user_id), keep=keep)
+
+
+def _invalidate_all(es: Elasticsearch, query: dict, *, keep: str | None = None) -> list[str]:
+    done: list[str] = []
+    while page := [key["id"] for key in es.security.query_api_keys(query=query, size=C.LIST_PAGE_SIZE)["api_keys"]
+                   if key["id"] not in done and key["id"] != keep]:  # an invalidated key leaves the query
+        es.security.invalidate_api_key(ids=page)
+        done.extend(page)
+    return done
 
 
 # --- reads through the user's key -----------------------------------------------------------
@@ -359,11 +381,7 @@ def live_prefix_keys_query(prefix: str) -> dict:
 
 def forget_prefix_keys(store: Store) -> None:
     """Invalidate every key made for the prefix (by the library, the CLI or a test) and drop them from the file."""
-    query, done = live_prefix_keys_query(store.prefix), set()
-    while page := [key["id"] for key in store.es.security.query_api_keys(query=query, size=C.LIST_PAGE_SIZE)["api_keys"]
-                   if key["id"] not in done]:  # an invalidated key leaves the query: page until none is left
-        store.es.security.invalidate_api_key(ids=page)
-        done.update(page)
+    _invalidate_all(store.es, live_prefix_keys_query(store.prefix))
     update_secret(users_path(store.settings), lambda data: data.pop(store.prefix, None))
 
 
@@ -373,7 +391,9 @@ def authenticate_user_key(store: Scope, api_key: str) -> str:
     `store` is a `Store`, or a `KeyScope` where no models are loaded.
 
     The key must be an Atlas user key of this prefix carrying exactly Atlas's read role,
-    so metadata on a key with wider privileges is not believed.
+    so metadata on a key with wider privileges is not believed. Anyone with `manage_own_api_key`
+    can mint a key that looks exactly like that, so the key must also have been created by the
+    service principal and be the key registered for that user in the secrets file.
     """
     client = store.es.options(api_key=api_key)
     try:
@@ -393,7 +413,25 @@ def authenticate_user_key(store: Scope, api_key: str) -> str:
     if canonical_roles(info.get("role_descriptors") or {}) != expected:
         raise AuthError(f"the key of user {user} does not carry Atlas's read-only DLS role: "
                         f"run `atlas users rotate {user}`")
+    if (info.get("username"), info.get("realm")) != service_principal(store.es):
+        raise AuthError(f"this API key claims user {user} but was not created by Atlas's service credential: "
+                        "it is not believed")
+    try:
+        registered = stored_key(store.settings, store.prefix, user).id == info["id"]
+    except NotFound:
+        registered = False
+    if not registered:
+        raise AuthError(f"this API key is not registered for user {user}: run `atlas users rotate {user}`")
     return user
+
+
+def service_principal(es: Elasticsearch) -> tuple[str, str]:
+    """(username, realm) that the keys `es` creates are recorded under: its user, or its own key's owner."""
+    auth = es.security.authenticate()
+    if auth.get("authentication_type") == "api_key":
+        info = es.security.get_api_key(id=auth["api_key"]["id"])["api_keys"][0]
+        return info["username"], info["realm"]
+    return auth["username"], auth["lookup_realm"]["name"]
 
 
 def canonical_roles(roles: Mapping[str, dict]) -> dict:

@@ -1,20 +1,23 @@
 """The MCP server: Atlas's memory tools over streamable HTTP at /api/atlas/mcp/{user_id}, inside a FastAPI app.
 
-One low-level MCP server serves every user. The bearer credential is the user's Atlas
-API key: `authenticate_user_key` says whose it is, the path must name that same user
-(403 otherwise), and the tools act for that user only, reading through the presented
-key (document-level security) and writing with the user as owner, never an id the
-client sent. The transport is stateless JSON: every request carries and proves its own
-credential, so there is no session to hijack. Tool bodies live in `atlas.serve.tools`, shared
-with the agent loop.
+One low-level MCP server serves every user. The bearer credential is an Atlas token
+(`atlas.core.tokens`), never an Elasticsearch credential: the token file says whose it is,
+the path must name that same user (403 otherwise), and the tools act for that user only,
+reading through the user's DLS key, which stays on the server, and writing with the user as
+owner, never an id the client sent. Failed authentications are throttled per client address
+(429). The transport is stateless JSON: every request carries and proves its own credential,
+so there is no session to hijack. Tool bodies live in `atlas.serve.tools`, shared with the
+agent loop.
 """
 
 from __future__ import annotations
 
+import math
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from functools import partial
@@ -24,8 +27,8 @@ from urllib.parse import urlsplit
 import anyio
 import httpx2
 import uvicorn
-from elasticsearch import ApiError, Elasticsearch, TransportError
-from fastapi import FastAPI, HTTPException, Request
+from elasticsearch import Elasticsearch
+from fastapi import FastAPI, HTTPException
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.context import ServerRequestContext
@@ -49,7 +52,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from atlas.core import constants as C
 from atlas.core.errors import AtlasError, AuthError
 from atlas.core.store import Store
-from atlas.core.tenancy import authenticate_user_key, user_client
+from atlas.core.tenancy import KeyReader
+from atlas.core.tokens import TokenVerifier
 from atlas.core.validation import check_user
 from atlas.serve.tools import TOOLS, ToolResult, call_tool, error_result
 from atlas.stack import open_store
@@ -58,8 +62,10 @@ MCP_PATH = "/api/atlas/mcp/{user_id}"
 INFO_PATH = MCP_PATH + "/info"
 TRANSPORT = "streamable-http"
 SERVER_NAME = "atlas-memory"
-#: ASGI scope keys the auth guard fills for the tools.
-USER_KEY, API_KEY = "atlas.user_id", "atlas.api_key"
+#: ASGI scope key the auth guard fills for the tools: the user the token belongs to.
+USER_KEY = "atlas.user_id"
+#: What an MCP client is told when the cluster is unreachable (never its address).
+CLUSTER_DOWN = "Elasticsearch is not answering: retry later, or tell the operator if it persists"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 INSTRUCTIONS = ("Long-term memory of one user. Call recall_memory before answering questions about the user; "
                 "write_memory with supersedes_id when the user changes or corrects a fact; forget_memory only "
@@ -84,28 +90,34 @@ def to_mcp(result: ToolResult) -> CallToolResult:
 
 @dataclass(frozen=True)
 class KeyBoundReader:
-    """`store.reader` for one request: the caller's own key, and only for the caller."""
+    """`store.reader` for one request: the authenticated user's stored key, and only for that user."""
 
-    es: Elasticsearch
+    reader: Callable[[str], Elasticsearch]
     user_id: str
-    api_key: str
 
     def __call__(self, user_id: str) -> Elasticsearch:
         if user_id != self.user_id:
             raise AuthError(f"this request is authenticated as {self.user_id}, not {user_id}")
-        return user_client(self.es, self.user_id, self.api_key)
+        return self.reader(user_id)
 
 
-def run_for_request(store: Store, scope: Scope, name: str, arguments: object) -> ToolResult:
-    """Run a tool as the user the guard authenticated, reading through the presented key."""
-    user_id, api_key = scope.get(USER_KEY), scope.get(API_KEY)
-    if user_id is None or api_key is None:
+def public(result: ToolResult) -> ToolResult:
+    """A tool result fit for a client: a lost cluster is reported without the cluster's address."""
+    if result.is_error and result.payload["error"] == "ConnectionFailed":
+        return error_result("ConnectionFailed", CLUSTER_DOWN)
+    return result
+
+
+def run_for_request(store: Store, reader: KeyReader, scope: Scope, name: str, arguments: object) -> ToolResult:
+    """Run a tool as the user the guard authenticated, reading through that user's stored key."""
+    user_id = scope.get(USER_KEY)
+    if user_id is None:
         return error_result("AuthError", "this request was not authenticated: connect through /api/atlas/mcp/<user>")
-    request_store = replace(store, reader=KeyBoundReader(store.es, user_id, api_key))
-    return call_tool(request_store, user_id, name, arguments)
+    request_store = replace(store, reader=KeyBoundReader(reader, user_id))
+    return public(call_tool(request_store, user_id, name, arguments))
 
 
-def build_mcp_server(store: Store) -> Server:
+def build_mcp_server(store: Store, reader: KeyReader) -> Server:
     """One MCP server for all users: each call acts for the user its HTTP request authenticated."""
 
     async def list_tools(ctx: ServerRequestContext, params: object) -> ListToolsResult:
@@ -113,7 +125,7 @@ def build_mcp_server(store: Store) -> Server:
 
     async def run_tool(ctx: ServerRequestContext, params: CallToolRequestParams) -> CallToolResult:
         scope = ctx.request.scope if ctx.request is not None else {}
-        job = partial(run_for_request, store, scope, params.name, params.arguments)
+        job = partial(run_for_request, store, reader, scope, params.name, params.arguments)
         return to_mcp(await anyio.to_thread.run_sync(job))
 
     return Server(SERVER_NAME, version=version("atlas-memory"), instructions=INSTRUCTIONS,
@@ -130,19 +142,57 @@ def bearer_token(headers: Headers) -> str | None:
     return token.strip()
 
 
-def refusal(status: int, message: str) -> JSONResponse:
-    """401/403/503 as a JSON-RPC error body, so that MCP clients show the message (and a Bearer challenge on 401)."""
-    headers = {"WWW-Authenticate": 'Bearer realm="atlas", error="invalid_token"'} if status == 401 else None
+def refusal(status: int, message: str, *, retry_after: int | None = None) -> JSONResponse:
+    """401/403/429 as a JSON-RPC error body, so that MCP clients show the message (and a Bearer challenge on 401)."""
+    headers = {"WWW-Authenticate": 'Bearer realm="atlas", error="invalid_token"'} if status == 401 else {}
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
     body = {"jsonrpc": "2.0", "id": None,
             "error": {"code": INVALID_REQUEST, "message": f"{status}: {message}", "data": {"status": status}}}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-class UserKeyGuard:
-    """ASGI guard in front of the MCP transport: 401 without a valid user key, 403 for another user's path."""
+class FailureThrottle:
+    """Failed authentications per client address in a sliding window: past `limit`, the client waits.
 
-    def __init__(self, store: Store, app: ASGIApp) -> None:
-        self.store = store
+    In memory, per process (a replica behind a load balancer counts its own share); at most
+    `clients` addresses are remembered, the stalest forgotten first.
+    """
+
+    def __init__(self, *, limit: int = C.AUTH_FAILURE_LIMIT, window: float = C.AUTH_FAILURE_WINDOW,
+                 clients: int = C.AUTH_THROTTLE_CLIENTS, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit, self.window, self.clients, self.clock = limit, window, clients, clock
+        self.failures: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def _recent(self, client: str) -> deque[float]:
+        times = self.failures.get(client, deque())
+        while times and self.clock() - times[0] >= self.window:
+            times.popleft()
+        return times
+
+    def retry_after(self, client: str) -> int | None:
+        """Whole seconds until `client` may try again, or None when it may now."""
+        times = self._recent(client)
+        if len(times) < self.limit:
+            return None
+        return max(1, math.ceil(times[-self.limit] + self.window - self.clock()))
+
+    def fail(self, client: str) -> None:
+        times = self._recent(client)
+        times.append(self.clock())
+        self.failures[client] = times
+        self.failures.move_to_end(client)
+        while len(self.failures) > self.clients:
+            self.failures.popitem(last=False)
+
+
+class TokenGuard:
+    """ASGI guard in front of the MCP transport: 429 for a throttled client, 401 without a valid Atlas token,
+    403 for another user's path. No cluster call: a bad token costs the cluster nothing."""
+
+    def __init__(self, verifier: TokenVerifier, throttle: FailureThrottle, app: ASGIApp) -> None:
+        self.verifier = verifier
+        self.throttle = throttle
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -153,21 +203,25 @@ class UserKeyGuard:
         await self.app(scope, receive, send)
 
     async def check(self, scope: Scope) -> JSONResponse | None:
-        """None when the request may pass (and then the scope names the user and the key)."""
-        path_user = scope["path_params"]["user_id"]
-        key = bearer_token(Headers(scope=scope))
-        if key is None:
-            return refusal(401, "missing credential: send `Authorization: Bearer <your Atlas API key>` "
-                                "(an operator creates one with `atlas users create <user> --show-secret`)")
+        """None when the request may pass (and then the scope names the user)."""
+        client = (scope.get("client") or ("unknown",))[0]
+        wait = self.throttle.retry_after(client)
+        if wait is not None:
+            return refusal(429, f"too many failed authentications from this address: retry in {wait} s",
+                           retry_after=wait)
+        token = bearer_token(Headers(scope=scope))
+        if token is None:
+            self.throttle.fail(client)
+            return refusal(401, "missing credential: send `Authorization: Bearer <your Atlas token>` "
+                                "(an operator creates one with `atlas users create <user>`)")
         try:
-            owner = await anyio.to_thread.run_sync(authenticate_user_key, self.store, key)
+            owner = self.verifier.verify(token)
         except AuthError as exc:
+            self.throttle.fail(client)
             return refusal(401, str(exc))
-        except (ApiError, TransportError) as exc:
-            return refusal(503, f"Elasticsearch could not check the key ({type(exc).__name__}): retry later")
-        if owner != path_user:
-            return refusal(403, f"this key belongs to another user: connect to {MCP_PATH.format(user_id=owner)}")
-        scope[USER_KEY], scope[API_KEY] = owner, key
+        if owner != scope["path_params"]["user_id"]:
+            return refusal(403, f"this token belongs to another user: connect to {MCP_PATH.format(user_id=owner)}")
+        scope[USER_KEY] = owner
         return None
 
 
@@ -190,14 +244,14 @@ def mcp_url(base_url: str, user_id: str) -> str:
 def client_config(base_url: str, user_id: str) -> dict:
     """What a client needs: URL, transport, header, and ready-to-paste Claude Desktop and Cursor entries."""
     url = mcp_url(base_url, user_id)
-    header = "Bearer <ATLAS_API_KEY>"
+    header = "Bearer <ATLAS_TOKEN>"
     # mcp-remote refuses plain HTTP beyond loopback unless told that the network is trusted.
     insecure = urlsplit(url).scheme == "http" and urlsplit(url).hostname not in LOOPBACK
     return {
         "url": url,
         "transport": TRANSPORT,
         "headers": {"Authorization": header},
-        "api_key": f"the user's Atlas key: `atlas users create {user_id} --show-secret` (or `atlas users rotate`)",
+        "token": f"the user's Atlas token, shown once by `atlas users create {user_id}` (or `atlas users rotate`)",
         "tools": list(TOOLS),
         "clients": {
             # Claude Desktop starts local commands; mcp-remote bridges them to streamable HTTP.
@@ -211,10 +265,21 @@ def client_config(base_url: str, user_id: str) -> dict:
     }
 
 
-def create_app(store: Store, *, host: str = C.MCP_HOST, public_url: str | None = None) -> FastAPI:
-    """FastAPI app: the MCP endpoint (guarded) and its unauthenticated /info (no secrets in it)."""
-    manager = StreamableHTTPSessionManager(app=build_mcp_server(store), json_response=True, stateless=True,
-                                           security_settings=transport_security(host))
+def base_url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def create_app(store: Store, *, host: str = C.MCP_HOST, port: int = C.MCP_PORT,
+               public_url: str | None = None) -> FastAPI:
+    """FastAPI app: the MCP endpoint (guarded by Atlas tokens) and its unauthenticated /info (no secrets in it).
+
+    Reads always go through the user's stored DLS key, whatever `store.reader` is. /info names
+    `public_url`, else the bound `host:port`, never the request's Host header (which a client chooses).
+    """
+    manager = StreamableHTTPSessionManager(app=build_mcp_server(store, KeyReader(store)), json_response=True,
+                                           stateless=True, security_settings=transport_security(host))
+    guard = TokenGuard(TokenVerifier(store.settings, store.prefix), FailureThrottle(), manager.handle_request)
+    advertised = public_url or base_url(host, port)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -222,13 +287,13 @@ def create_app(store: Store, *, host: str = C.MCP_HOST, public_url: str | None =
             yield
 
     app = FastAPI(title="Atlas MCP", lifespan=lifespan)
-    app.router.routes.append(Route(MCP_PATH, endpoint=UserKeyGuard(store, manager.handle_request)))
+    app.router.routes.append(Route(MCP_PATH, endpoint=guard))
 
     @app.get(INFO_PATH)
-    def info(user_id: str, request: Request) -> dict:
+    def info(user_id: str) -> dict:
         """Client configuration for `user_id`: URL, transport, the header to send."""
         try:
-            return client_config(public_url or str(request.base_url), user_id)
+            return client_config(advertised, user_id)
         except AtlasError as exc:
             raise HTTPException(status_code=400, detail=str(exc)) from None
 
@@ -238,7 +303,7 @@ def create_app(store: Store, *, host: str = C.MCP_HOST, public_url: str | None =
 def serve(*, host: str = C.MCP_HOST, port: int = C.MCP_PORT, prefix: str | None = None,
           public_url: str | None = None) -> None:
     """Run the app with uvicorn until interrupted (`atlas serve`, `make serve`)."""
-    app = create_app(open_store(prefix), host=host, public_url=public_url)
+    app = create_app(open_store(prefix), host=host, port=port, public_url=public_url)
     uvicorn.run(app, host=host, port=port, log_level="info")
 
 
@@ -266,8 +331,7 @@ class BackgroundServer:
 
     @property
     def base_url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return base_url(self.host, self.port)
 
     def url(self, user_id: str) -> str:
         return mcp_url(self.base_url, user_id)
@@ -285,9 +349,9 @@ class BackgroundServer:
 
 
 @asynccontextmanager
-async def open_client(url: str, api_key: str, *, timeout: float = 60) -> AsyncIterator[ClientSession]:
-    """An initialized MCP client session on `url`, authenticated with the user's key."""
-    headers = {"Authorization": f"Bearer {api_key}"}
+async def open_client(url: str, token: str, *, timeout: float = 60) -> AsyncIterator[ClientSession]:
+    """An initialized MCP client session on `url`, authenticated with the user's Atlas token."""
+    headers = {"Authorization": f"Bearer {token}"}
     async with httpx2.AsyncClient(headers=headers, timeout=timeout) as http, \
             streamable_http_client(url, http_client=http) as (read, write), \
             ClientSession(read, write) as session:
@@ -295,7 +359,7 @@ async def open_client(url: str, api_key: str, *, timeout: float = 60) -> AsyncIt
         yield session
 
 
-async def call_remote(url: str, api_key: str, name: str, arguments: dict) -> CallToolResult:
+async def call_remote(url: str, token: str, name: str, arguments: dict) -> CallToolResult:
     """One tool call in its own client session (notebooks; an agent host keeps one session open instead)."""
-    async with open_client(url, api_key) as session:
+    async with open_client(url, token) as session:
         return await session.call_tool(name, arguments)

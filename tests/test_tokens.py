@@ -1,0 +1,265 @@
+"""Atlas-issued bearer tokens against the real cluster (security issue: tokens, not keys, leave the server).
+
+Each test is one attack of the issue, or a property the fix must keep: a tenant never holds an
+Elasticsearch credential (its DLS key leaks term statistics), keys are believed only when Atlas's
+service principal made them and registered them, revoke kills every key and token of the user,
+bad tokens are throttled, /info ignores the Host header, MCP errors never name the cluster, and
+concurrent tenants stay apart. Secrets live in tmp_path; the prefix's keys die with the store.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+
+import anyio
+import httpx
+import pytest
+from elasticsearch import AuthenticationException
+from typer.testing import CliRunner
+
+from atlas.cli import app
+from atlas.core import tenancy, tokens
+from atlas.core import constants as C
+from atlas.core.config import load_settings, read_secret
+from atlas.core.connection import AtlasClient
+from atlas.core.errors import AuthError, NotFound
+from atlas.core.memory import write_memory
+from atlas.core.schemas import index_name
+from atlas.core.store import Store
+from atlas.core.tenancy import authenticate_user_key, build_role_descriptor, create_user_key, revoke_user_key
+from atlas.serve.mcp_server import BackgroundServer, call_remote, create_app
+
+from .test_mcp import run
+
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+ACCEPT = {"Accept": "application/json, text/event-stream"}
+
+
+@pytest.fixture
+def tstore(store: Store, tmp_path) -> Iterator[Store]:
+    store.settings = replace(store.settings, home=tmp_path)
+    yield store
+
+
+@pytest.fixture
+def issued(tstore) -> dict[str, tokens.Issued]:
+    return {user: tokens.create_user(tstore, user) for user in ("sarah", "tom")}
+
+
+@pytest.fixture
+def server(tstore, issued) -> Iterator[BackgroundServer]:
+    with BackgroundServer(create_app(tstore)) as background:
+        yield background
+
+
+def post(server: BackgroundServer, user: str, token: str | None, **headers: str) -> httpx.Response:
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.post(server.url(user), json=INIT, headers={**ACCEPT, **auth, **headers})
+
+
+def live_keys(store: Store, user_id: str) -> list[str]:
+    query = {"bool": {"filter": [{"term": {"metadata.atlas_prefix": store.prefix}},
+                                 {"term": {"metadata.atlas_user_id": user_id}}, {"term": {"invalidated": False}}]}}
+    return [key["id"] for key in store.es.security.query_api_keys(query=query, size=100)["api_keys"]]
+
+
+# --- 1. a tenant never holds an Elasticsearch credential ------------------------------------------------
+
+
+def test_a_dls_key_leaks_term_statistics_so_tenants_get_tokens(tstore):
+    """Why: through alice's own DLS key, `_termvectors` counts bob's documents. A token is useless to the cluster."""
+    for i in range(3):
+        write_memory(tstore, "bob", f"Bob's secret project zanzibar, note {i}", fact_type="person")
+    write_memory(tstore, "alice", "My dog is called Biscuit", fact_type="person")
+    alice_key = tenancy.user_client(tstore.es, "alice", tenancy.stored_key(tstore.settings, tstore.prefix,
+                                                                           "alice").encoded)
+    vectors = alice_key.termvectors(index=index_name(tstore.prefix, "semantic"), doc={"text": "zanzibar"},
+                                    fields=["text"], term_statistics=True)["term_vectors"]["text"]
+    assert vectors["terms"]["zanzibar"]["doc_freq"] == 3, "DLS hides bob's documents, not their term statistics"
+    issued = tokens.create_user(tstore, "carol")
+    assert issued.secret.startswith(C.TOKEN_PREFIX) and issued.secret not in repr(issued)
+    with pytest.raises(AuthenticationException):  # Elasticsearch itself refuses an Atlas token
+        tstore.es.options(api_key=issued.secret).security.authenticate()
+    with pytest.raises(AuthenticationException):
+        tstore.es.options(bearer_auth=issued.secret).security.authenticate()
+    stored = read_secret(tokens.tokens_path(tstore.settings))[tstore.prefix][issued.token.id]
+    assert issued.secret not in str(stored) and len(stored["sha256"]) == 64
+
+
+def test_cli_shows_a_token_once_never_the_key(tstore, monkeypatch):
+    real = load_settings()
+    if real.local:  # the CLI's home is tmp_path: reach the local node as an external cluster
+        creds = read_secret(real.local_credentials_path)
+        for name, value in (("ES_URL", creds["url"]), ("ES_USERNAME", creds["username"]),
+                            ("ES_PASSWORD", creds["password"])):
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("ATLAS_HOME", str(tstore.settings.home))
+    runner = CliRunner()
+    created = runner.invoke(app, ["users", "create", "alice", "--prefix", tstore.prefix])
+    assert created.exit_code == 0, created.output
+    key = tenancy.stored_key(tstore.settings, tstore.prefix, "alice")
+    assert key.encoded not in created.output
+    [token] = [w for w in created.output.split() if w.startswith(C.TOKEN_PREFIX)]
+    assert tokens.TokenVerifier(tstore.settings, tstore.prefix).verify(token) == "alice"
+    listed = runner.invoke(app, ["users", "list", "--prefix", tstore.prefix]).output
+    assert "alice" in listed and token not in listed and key.encoded not in listed
+    rotated = runner.invoke(app, ["users", "rotate", "alice", "--prefix", tstore.prefix])
+    [new] = [w for w in rotated.output.split() if w.startswith(C.TOKEN_PREFIX)]
+    verifier = tokens.TokenVerifier(tstore.settings, tstore.prefix)
+    assert verifier.verify(new) == "alice"
+    with pytest.raises(AuthError, match="revoked"):
+        verifier.verify(token)
+    assert runner.invoke(app, ["users", "revoke", "alice", "--prefix", tstore.prefix]).exit_code == 0
+    with pytest.raises(AuthError, match="revoked"):
+        tokens.TokenVerifier(tstore.settings, tstore.prefix).verify(new)
+    assert live_keys(tstore, "alice") == []
+
+
+def test_mcp_refuses_raw_keys_and_forged_expired_revoked_rotated_tokens(tstore, issued, server):
+    sarah_key = tenancy.stored_key(tstore.settings, tstore.prefix, "sarah").encoded
+    assert post(server, "sarah", issued["sarah"].secret).status_code == 200
+    assert post(server, "sarah", sarah_key).status_code == 401, "a raw Elasticsearch key is not a bearer any more"
+    forged = C.TOKEN_PREFIX + issued["sarah"].secret[len(C.TOKEN_PREFIX):][::-1]
+    assert post(server, "sarah", forged).status_code == 401
+    assert post(server, "sarah", issued["tom"].secret).status_code == 403
+    short = tokens.issue_token(tstore, "sarah", expiration="1s")
+    rotated = tokens.rotate_user(tstore, "tom")
+    revoked_at = tokens.revoke_user(tstore, "sarah")
+    assert revoked_at.token_ids and revoked_at.key_ids
+    time.sleep(C.TOKEN_CACHE_SECONDS + 1.1)  # the server's cache honours revocation within this bound
+    for token, user in ((short.secret, "sarah"), (issued["sarah"].secret, "sarah"), (issued["tom"].secret, "tom")):
+        response = post(server, user, token)
+        assert response.status_code == 401, (user, response.text)
+        assert "Traceback" not in response.text
+    assert post(server, "tom", rotated.secret).status_code == 200
+
+
+def test_expired_token_is_refused(tstore):
+    tokens.create_user(tstore, "alice")
+    short = tokens.issue_token(tstore, "alice", expiration="1s")
+    verifier = tokens.TokenVerifier(tstore.settings, tstore.prefix)
+    assert verifier.verify(short.secret) == "alice"
+    time.sleep(1.2)
+    with pytest.raises(AuthError, match="expired"):
+        verifier.verify(short.secret)
+
+
+# --- 2. keys minted by someone else are not believed -----------------------------------------------
+
+
+@pytest.fixture
+def own_key_user(tstore) -> Iterator[tuple[str, str]]:
+    """A native user whose only privilege is manage_own_api_key."""
+    name, password = f"own-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    tstore.es.security.put_role(name=name, cluster=["manage_own_api_key"])
+    tstore.es.security.put_user(username=name, password=password, roles=[name])
+    yield name, password
+    tstore.es.security.invalidate_api_key(username=name)
+    tstore.es.security.delete_user(username=name)
+    tstore.es.security.delete_role(name=name)
+
+
+def test_a_key_minted_by_another_principal_is_not_believed(tstore, own_key_user):
+    write_memory(tstore, "bob", "Bob's hub is called Lantern", fact_type="device")
+    forged = tstore.es.options(basic_auth=own_key_user).security.create_api_key(
+        name=tenancy.key_name(tstore.prefix, "bob"), role_descriptors=build_role_descriptor(tstore.prefix, "bob"),
+        metadata={"atlas_user_id": "bob", "atlas_prefix": tstore.prefix})
+    with pytest.raises(AuthError, match="not created by|not registered"):
+        authenticate_user_key(tstore, forged["encoded"])
+    with BackgroundServer(create_app(tstore)) as server:
+        response = httpx.post(server.url("bob"), headers={**ACCEPT, "Authorization": f"Bearer {forged['encoded']}"},
+                              json={"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                                    "params": {"name": "write_memory",
+                                               "arguments": {"text": "Bob wants his hub reset", "memory_type":
+                                                             "semantic"}}})
+    assert response.status_code == 401
+    tstore.es.indices.refresh(index=tstore.indices)
+    assert tstore.es.count(index=tstore.indices, query={"term": {"user_id": "bob"}})["count"] == 1
+    registered = tenancy.stored_key(tstore.settings, tstore.prefix, "bob")
+    assert authenticate_user_key(tstore, registered.encoded) == "bob"
+
+
+# --- 3. revoke kills every key and token of the user --------------------------------------------------
+
+
+def test_revoke_kills_keys_minted_elsewhere(tstore, tmp_path):
+    create_user_key(tstore, "alice")
+    other_server = tenancy.KeyScope(tstore.es, tstore.prefix, replace(tstore.settings, home=tmp_path / "other"))
+    tenancy.ensure_user_key(other_server, "alice")  # a server without alice in its file, on her first write
+    assert len(live_keys(tstore, "alice")) == 2
+    revoke_user_key(tstore, "alice")
+    assert live_keys(tstore, "alice") == [], "a key minted by another server survived revoke"
+    tokens.create_user(tstore, "bob")
+    tokens.issue_token(tstore, "bob")
+    create_user_key(tenancy.KeyScope(tstore.es, tstore.prefix, replace(tstore.settings, home=tmp_path / "3")), "bob")
+    revocation = tokens.revoke_user(tstore, "bob")
+    assert len(revocation.key_ids) == 2 and len(revocation.token_ids) == 2
+    assert live_keys(tstore, "bob") == []
+    assert all(t.state() == "revoked" for t in tokens.list_tokens(tstore.settings, prefix=tstore.prefix)
+               if t.user_id == "bob")
+    with pytest.raises(NotFound):
+        tokens.revoke_user(tstore, "nobody")
+
+
+# --- 4. throttling, 7. Host header and cluster URL -------------------------------------------------------
+
+
+def test_failed_authentications_are_throttled_per_client(tstore, issued, server):
+    statuses = [post(server, "sarah", f"{C.TOKEN_PREFIX}wrong-{i}").status_code
+                for i in range(C.AUTH_FAILURE_LIMIT + 2)]
+    assert statuses[:C.AUTH_FAILURE_LIMIT] == [401] * C.AUTH_FAILURE_LIMIT
+    throttled = post(server, "sarah", issued["sarah"].secret)
+    assert statuses[-1] == 429 and throttled.status_code == 429
+    assert 0 < int(throttled.headers["retry-after"]) <= C.AUTH_FAILURE_WINDOW
+
+
+def test_info_ignores_the_host_header(tstore):
+    with BackgroundServer(create_app(tstore)) as server:  # bound to a random port, configured for the default
+        info = httpx.get(server.url("sarah") + "/info", headers={"Host": "evil.example:666"}).json()
+    assert "evil" not in str(info)
+    assert info["url"] == "http://127.0.0.1:8765/api/atlas/mcp/sarah"
+    public = create_app(tstore, public_url="https://atlas.example.com")
+    with BackgroundServer(public) as server:
+        info = httpx.get(server.url("sarah") + "/info", headers={"Host": "evil.example"}).json()
+    assert info["url"] == "https://atlas.example.com/api/atlas/mcp/sarah"
+
+
+def test_mcp_errors_do_not_name_the_cluster(tstore, issued):
+    dead = replace(tstore, es=AtlasClient(hosts=["http://127.0.0.1:9"], request_timeout=2, max_retries=0))
+    with BackgroundServer(create_app(dead)) as server:
+        result = run(call_remote, server.url("sarah"), issued["sarah"].secret, "recall_memory", {"query": "hub"})
+    text = result.content[0].text
+    assert result.is_error and "127.0.0.1:9" not in text and "http://" not in text, text
+    assert text.startswith("ConnectionFailed")
+
+
+# --- two tenants at the same moment -----------------------------------------------------------------
+
+
+def test_concurrent_tenants_stay_apart(tstore, issued, server):
+    own = {"sarah": "Sarah's hub is called Beacon", "tom": "Tom's hub is called Lantern"}
+    for user, text in own.items():
+        write_memory(tstore, user, text, fact_type="device")
+    rounds = 12
+    seen: dict[str, list[set[str]]] = {"sarah": [], "tom": []}
+
+    async def one(user: str) -> None:
+        result = await call_remote(server.url(user), issued[user].secret, "recall_memory",
+                                   {"query": "what is my hub called", "k": 10})
+        assert not result.is_error, result.content[0].text
+        seen[user].append({m["text"] for m in result.structured_content["memories"]})
+
+    async def storm() -> None:
+        async with anyio.create_task_group() as group:
+            for _ in range(rounds):
+                for user in own:
+                    group.start_soon(one, user)
+
+    run(storm)
+    for user, texts in seen.items():
+        other = own["tom" if user == "sarah" else "sarah"]
+        assert len(texts) == rounds
+        assert all(own[user] in t and other not in t for t in texts), (user, texts)
