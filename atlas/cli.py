@@ -338,11 +338,16 @@ def consolidate_cmd(user: str | None = typer.Option(None, help="consolidate this
     except AtlasError as exc:
         _fail(exc)
     for user_id, report in reports.items():
+        if report.status == "failed":
+            typer.secho(f"{user_id}: failed ({report.error})", fg=typer.colors.RED)
+            continue
         typer.echo(f"{user_id}: {report.status}, {report.episodes} new episodes, {len(report.accepted)} accepted, "
                    f"{len(report.rejected)} rejected")
         for row in decision_rows(report):
             typer.echo(f"  {row['decision']:8} {row['kind']:8} {row['proposal'][:70]}"
                        + (f"  ({row['reason']})" if row["reason"] else ""))
+    if any(report.status == "failed" for report in reports.values()):
+        raise typer.Exit(code=1)
 
 
 

@@ -206,7 +206,8 @@ def test_text_over_the_limit_is_refused(store, what):
     call = {"write_episode": lambda: write_episode(store, "sarah", huge),
             "write_memory": lambda: write_memory(store, "sarah", huge),
             "recall": lambda: recall(store, "sarah", huge)}[what]
-    assert f"the limit is {C.MAX_TEXT_CHARS}" in str(refused(store, call, ValidationError))
+    limit = C.MAX_QUERY_CHARS if what == "recall" else C.MAX_TEXT_CHARS  # a query is far shorter than a memory
+    assert f"the limit is {limit}" in str(refused(store, call, ValidationError))
 
 
 def test_a_100kb_message_is_embedded_truncated_and_stored_whole(store):

@@ -8,13 +8,14 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
+from atlas.core import constants as C
 from atlas.models.embed import load_embedder
 from atlas.core.errors import NotFound, SchemaMismatch, ValidationError
 from atlas.core.documents import build_document
 from atlas.core.memory import bulk_load, forget_memory, write_episode, write_memory
 from atlas.core.passages import passage_sentences, passage_text
 from atlas.core.fusion import rrf_fuse
-from atlas.core.recall import build_recall_requests, recall, to_kibana
+from atlas.core.recall import build_recall_requests, pre_recall, recall, to_kibana
 from atlas.core.schemas import ensure_indices
 from atlas.stack import open_store
 
@@ -275,12 +276,16 @@ def test_bad_write_input_writes_nothing(store, bad):
 
 
 def test_a_100kb_message_as_query_is_recalled_on(store):
-    """The pre-recall runs on the user's verbatim message, however long: BM25 uses its first words."""
+    """The pre-recall runs on the user's message, however long: on its head (`clip_query`, MAX_QUERY_CHARS),
+    of which BM25 uses the first words. `recall` itself refuses a query that long."""
     target = write_episode(store, "sarah", "The hub reset itself overnight", session_id="s1")
     # The prefix makes the message new to the on-disk embedding cache, which would otherwise skip the model.
     message = f"hub reset {store.prefix} " + " ".join(f"filler{i}" for i in range(12_000))
+    with pytest.raises(ValidationError, match=f"the limit is {C.MAX_QUERY_CHARS}"):
+        recall(store, "sarah", message, k=3, touch=False)
     with pytest.warns(UserWarning):  # truncated for embedding, with a warning
-        result = recall(store, "sarah", message, k=3, touch=False)
+        result = pre_recall(store, "sarah", message, k=3)
+    assert message.startswith(result.query) and len(result.query) <= C.MAX_QUERY_CHARS
     assert target in result.ids()
     assert result.hits[result.ids().index(target)].ranks.get("bm25") == 1, "found by the dense path alone"
 

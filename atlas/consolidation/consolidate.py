@@ -48,7 +48,7 @@ from atlas.core.clock import es_date
 from atlas.core.documents import VECTOR_FIELDS, build_document, prove_ownership, update_owned
 from atlas.core.errors import AtlasError, ConflictError, NotFound, ValidationError
 from atlas.core.memory import bulk_load, record_outcome, users_with_memory
-from atlas.core.recall import recall
+from atlas.core.recall import clip_query, recall
 from atlas.core.schemas import DATE, KEYWORD, index_name, state_name
 from atlas.core.store import Store
 from atlas.core.supersession import repair, supersede
@@ -284,8 +284,8 @@ class Guards:
 
     def duplicate_of(self, fact: FactProposal) -> str | None:
         """The current fact (by hybrid recall) or earlier proposal of this run that says the same thing."""
-        hits = recall(self.store, self.batch.user_id, fact.text, k=C.RECALL_K, types=("semantic",), mode="hybrid",
-                      touch=False).hits
+        hits = recall(self.store, self.batch.user_id, clip_query(fact.text), k=C.RECALL_K, types=("semantic",),
+                      mode="hybrid", touch=False).hits
         candidates = [h.text for h in hits if h.current and h.id not in fact.supersedes_id] + self.accepted_facts
         if not candidates:
             return None
@@ -492,9 +492,12 @@ class ConsolidationReport:
     proposer: str
     episodes: int
     decisions: list[Decision] = field(default_factory=list)
-    #: "applied", "dry run", "nothing new", or "resumed" (a pending plan was finished first).
+    #: "applied", "dry run", "nothing new", "resumed" (a pending plan was finished first), or "failed"
+    #: (by `consolidate_all`: the run raised `error`, having written nothing, been rolled back, or left a pending plan).
     status: str = "applied"
     watermark: Watermark = field(default_factory=Watermark)
+    #: Why the run failed ("OverflowError: date value out of range"), when `status` is "failed".
+    error: str | None = None
 
     @property
     def accepted(self) -> list[Decision]:
@@ -544,12 +547,25 @@ def consolidate(store: Store, user_id: str, *, proposer: Proposer | None = None,
 
 def consolidate_all(store: Store, *, proposer: Proposer | None = None, users: Sequence[str] | None = None,
                     progress: bool = True, **options: Unpack[RunOptions]) -> dict[str, ConsolidationReport]:
-    """Consolidate every user (or `users`), one run each, with a progress bar."""
+    """Consolidate every user (or `users`), one run each, with a progress bar.
+
+    One user's failure never stops the others: whatever their run raises (bad data, a proposer's
+    bug, a refused step) is their report, with status "failed" and the error, and the run goes on.
+    """
+    proposer = proposer or RuleProposer()
     reports = {}
     chosen = users if users is not None else users_with_memory(store, types=("episodic",))
     for user_id in tqdm(chosen, desc="consolidating", unit="user", disable=not progress):
-        reports[user_id] = consolidate(store, user_id, proposer=proposer, **options)
+        try:
+            reports[user_id] = consolidate(store, user_id, proposer=proposer, **options)
+        except Exception as exc:  # whatever it is: the other users' runs must not depend on it
+            reports[user_id] = ConsolidationReport(user_id, proposer.name, 0, status="failed", error=failure(exc))
     return reports
+
+
+def failure(exc: Exception) -> str:
+    """What a run raised, on one line with its notes ("... was rolled back: nothing of this run was kept")."""
+    return "; ".join([f"{type(exc).__name__}: {exc}", *getattr(exc, "__notes__", ())])
 
 
 def maybe_consolidate(store: Store, user_id: str, *, every: int = C.CONSOLIDATE_EVERY,

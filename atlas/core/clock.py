@@ -10,6 +10,8 @@ import calendar
 import re
 from datetime import UTC, datetime, timedelta
 
+from atlas.core import constants as C
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -56,11 +58,19 @@ _PATTERNS = [
 #: Calendar names that are also common words: counted only when capitalised or after a word such as "in"
 #: ("May", "in march", "this fall"; not "may I", "did it fall off").
 _AMBIGUOUS = {"may", "march", "mar", "jan", "dec", "oct", "nov", "aug", "fall"}
-_CALENDAR_CUE = re.compile(r"\b(in|since|during|until|early|late|mid|last|this|the)\s+$", re.I)
+#: A cue and the spaces after it: a calendar name starting where one ends is meant as a date.
+_CALENDAR_CUE = re.compile(r"\b(in|since|during|until|early|late|mid|last|this|the)\s+", re.I)
+_COUNT_WORDS = {"a couple of": 2, "a few": 3}
 
 
-def _meant_as_date(word: str, before: str) -> bool:
-    return word.lower().rstrip(".") not in _AMBIGUOUS or not word.islower() or bool(_CALENDAR_CUE.search(before))
+def _cue_ends(text: str) -> set[int]:
+    """Where the text's calendar cues end, found in one scan: searching the words before each match instead
+    made the parser's work grow with the square of the text's length."""
+    return {match.end() for match in _CALENDAR_CUE.finditer(text)}
+
+
+def _meant_as_date(word: str, *, cued: bool) -> bool:
+    return word.lower().rstrip(".") not in _AMBIGUOUS or not word.islower() or cued
 
 
 def _month_start(year: int, month: int) -> datetime:
@@ -83,7 +93,18 @@ def _latest(first_month: int, months: int, now: datetime) -> Period:
     return _months(start if start <= now else _month_start(now.year - 1, first_month), months)
 
 
-def _relative(phrase: str, now: datetime) -> Period:
+def _days(count: str, *, limit: int = C.MAX_DAYS_AGO) -> int | None:
+    """The N of "N days ago", or None past `limit` (judged by its digits first: there may be thousands)."""
+    if count in _COUNT_WORDS:
+        return _COUNT_WORDS[count]
+    digits = count.lstrip("0") or "0"
+    if len(digits) > len(str(limit)):
+        return None
+    days = int(digits)
+    return days if days <= limit else None
+
+
+def _relative(phrase: str, now: datetime) -> Period | None:
     today = now.replace(hour=0, minute=0, second=0, microsecond=0)
     phrase = phrase.lower()
     if phrase == "today":
@@ -94,12 +115,14 @@ def _relative(phrase: str, now: datetime) -> Period:
         return today - timedelta(days=14), today - timedelta(days=3)
     if phrase == "last month":
         return _months(_month_start(today.year, today.month - 1), 1)
-    count = {"a couple of": 2, "a few": 3}.get(phrase.removesuffix(" days ago"))
-    n = count or int(phrase.split()[0])
+    n = _days(phrase.removesuffix(" days ago"))
+    if n is None:  # an absurd count names no period (a million days overflows the date arithmetic)
+        return None
     return today - timedelta(days=n + 2), today - timedelta(days=max(n - 1, 0))
 
 
-def _period(match: re.Match, text: str, now: datetime) -> Period | None:
+def _period(match: re.Match, now: datetime, *, cued: bool) -> Period | None:
+    """The period of one match; `cued` says whether a calendar cue ("in", "this", ...) comes right before it."""
     found = match.groupdict()
     if found.get("relative"):
         return _relative(found["relative"], now)
@@ -107,10 +130,10 @@ def _period(match: re.Match, text: str, now: datetime) -> Period | None:
     if found.get("season"):
         first = _SEASONS[found["season"].lower()]
         if year is None:
-            return _latest(first, 3, now) if _meant_as_date(found["season"], text[:match.start()]) else None
+            return _latest(first, 3, now) if _meant_as_date(found["season"], cued=cued) else None
         return _months(_month_start(year, first), 3)
     if found.get("month"):
-        if year is None and not _meant_as_date(found["month"], text[:match.start()]):
+        if year is None and not _meant_as_date(found["month"], cued=cued):
             return None
         month = _month_number(found["month"])
         if year is None:
@@ -132,16 +155,20 @@ def mentioned_period(text: str, now: datetime) -> Period | None:
 
     Calendar names without a year mean their latest occurrence by `now`; several
     expressions give the span that covers them all. Used to boost episodes said then.
+    Linear in the length of the text: one scan per pattern, each match read once.
     """
     now = as_utc(now)
+    cue_ends = _cue_ends(text)
     spans: list[Period] = []
-    taken: list[tuple[int, int]] = []
+    #: 1 at each character an earlier (higher-priority) match covers: a match starting there is not read.
+    taken = bytearray(len(text))
     for pattern in _PATTERNS:
         for match in pattern.finditer(text):
-            if any(a <= match.start() < b for a, b in taken):
+            start, end = match.span()
+            if taken[start]:
                 continue
-            taken.append((match.start(), match.end()))  # an impossible date is not read again as its month
-            if (span := _period(match, text, now)) is not None:
+            taken[start:end] = b"\x01" * (end - start)  # an impossible date is not read again as its month
+            if (span := _period(match, now, cued=start in cue_ends)) is not None:
                 spans.append(span)
     if not spans:
         return None

@@ -95,6 +95,11 @@ own same so some than too under until up very just only also nor off once while 
 MAX_K = 200
 #: Words of a query the BM25 path uses: a pasted 100 kB message would exceed the cluster's clause limit.
 MAX_QUERY_TERMS = 256
+#: Longest query accepted (characters); longer is refused. BM25 reads MAX_QUERY_TERMS words and the embedders
+#: EMBED_MAX_TOKENS tokens, about 1,500 characters of English, so this leaves room for long words and codes;
+#: a longer query is a pasted document, searched with the head of it (`atlas.core.recall.clip_query`).
+#: Memories themselves may be far longer (MAX_TEXT_CHARS).
+MAX_QUERY_CHARS = 4_000
 
 # --- decay, use and priors ------------------------------------------------------
 #: Recency multiplier is 1.0 for documents younger than this.
@@ -108,6 +113,8 @@ USE_COUNT_WEIGHT = 0.2
 CATALOG_SOURCE_PRIOR = 0.85
 #: Episodes said within the period a question names ("in June 2024", "last week"): score x PERIOD_BOOST.
 PERIOD_BOOST = 2.0
+#: "N days ago" with N above this (a century) names no period; a million days would overflow the date arithmetic.
+MAX_DAYS_AGO = 36_525
 #: Confidence taken off a fact written with contradiction="harsh".
 SUPERSEDE_CONFIDENCE_PENALTY = 0.1
 #: Procedural success-rate multiplier (smoothed); 0 switches it off (the reference default).

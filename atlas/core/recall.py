@@ -29,7 +29,7 @@ from atlas.core.memory import record_use
 from atlas.core.schemas import archive_name, build_owner_filter, searchable
 from atlas.core.scoring import ScoringParams, build_scored_query, period_functions
 from atlas.core.store import Store
-from atlas.core.validation import check_choice, check_flag, check_k, check_text, check_types, check_user, check_when
+from atlas.core.validation import check_choice, check_flag, check_k, check_query, check_types, check_user, check_when
 
 
 @dataclass
@@ -228,10 +228,11 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
     """The user's memories (and catalog items) most relevant to `query`, best first.
 
     Reads go through the user's own client. `touch` refreshes `last_used_at` and bumps
-    `use_count` of the current semantic facts returned (evaluations turn it off).
+    `use_count` of the current semantic facts returned (evaluations turn it off). A query longer
+    than `MAX_QUERY_CHARS` is refused: search a stored text with `clip_query`.
     """
     check_user(user_id)
-    check_text(query, what="query")
+    check_query(query)
     check_k(k)
     check_choice(mode, C.RECALL_MODES, "mode")
     checked_types = check_types(types)
@@ -295,6 +296,21 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
     return RecallResult(user_id, query, mode, hits, stage_name, note, timings, requests, period)
 
 
+def clip_query(text: str, *, limit: int = C.MAX_QUERY_CHARS) -> str:
+    """A stored text as a query (a user's message, a proposed fact): unchanged if it fits `limit`, else its head.
+
+    A memory may be far longer than a query may be (`MAX_TEXT_CHARS` against `MAX_QUERY_CHARS`); the head
+    is cut between words and at most `limit` characters long (BM25 and the embedders read no further).
+    """
+    if len(text) <= limit:
+        return text
+    head = text.lstrip()[:limit + 1]
+    if len(head) <= limit or head[limit].isspace():
+        return head[:limit]
+    words = head[:limit].rsplit(maxsplit=1)  # the last word runs on past the limit: leave it out
+    return words[0] if len(words) == 2 else head[:limit]
+
+
 def pre_recall(store: Store, user_id: str, message: str, *, k: int = C.RECALL_K) -> RecallResult:
-    """The recall every agent turn starts with: on the user's verbatim message, default mode."""
-    return recall(store, user_id, message, k=k)
+    """The recall every agent turn starts with: on the user's verbatim message (its head if long), default mode."""
+    return recall(store, user_id, clip_query(message), k=k)

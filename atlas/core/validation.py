@@ -63,6 +63,18 @@ def check_text(text: object, *, what: str = "text") -> str:
     return text
 
 
+def check_query(query: object, *, limit: int = C.MAX_QUERY_CHARS) -> str:
+    """A search query: a text no longer than `limit`, far below what a memory may hold (`MAX_TEXT_CHARS`).
+
+    A query is parsed and embedded on every request: a pasted document is no question, and reading
+    it whole would hold the server for nothing (BM25 and the embedders read only its head anyway).
+    """
+    if isinstance(query, str) and len(query) > limit:
+        raise ValidationError(f"query has {len(query)} characters; the limit is {limit}: ask with a question or a "
+                              "passage, not a whole document")
+    return check_text(query, what="query")
+
+
 def check_type(memory_type: object, *, allowed: Iterable[C.MemoryType] = C.MEMORY_TYPES) -> C.MemoryType:
     allowed = tuple(allowed)
     if memory_type not in allowed:

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from atlas.core import constants as C
 from atlas.core.errors import ValidationError
-from atlas.core.recall import recall
+from atlas.core.recall import clip_query, recall
 from atlas.core.schemas import index_name
 from atlas.core.store import Store
 from atlas.core.tenancy import KeyReader
@@ -97,12 +97,13 @@ def tenant_texts(store: Store, tenants: Sequence[str], per_tenant: int) -> dict[
 
 
 def adversarial_queries(texts: Mapping[str, Sequence[str]], tenant: str, count: int) -> list[str]:
-    """Up to `count` other tenants' texts, round-robin over the tenants after `tenant`."""
+    """Up to `count` other tenants' texts (as queries: the head of a long one), round-robin over the tenants after
+    `tenant`."""
     order = list(texts)
     others = order[order.index(tenant) + 1:] + order[:order.index(tenant)]
     picked: list[str] = []
     for depth in range(max((len(texts[o]) for o in others), default=0)):
-        picked += [texts[o][depth] for o in others if depth < len(texts[o])]
+        picked += [clip_query(texts[o][depth]) for o in others if depth < len(texts[o])]
     return picked[:count]
 
 

@@ -79,10 +79,11 @@ class TurnResult:
         return self.model is not None
 
 
-def injected_recall(message: str, k: int, result: RecallResult) -> list[ChatCompletionMessageParam]:
-    """The pre-recall as an assistant tool call plus its tool result, exactly as if the model had asked."""
+def injected_recall(k: int, result: RecallResult) -> list[ChatCompletionMessageParam]:
+    """The pre-recall as an assistant tool call plus its tool result, exactly as if the model had asked
+    (its query is the message, or the head of a message longer than a query may be)."""
     call: ChatCompletionMessageFunctionToolCallParam = {"id": PRE_RECALL_CALL_ID, "type": "function",
-            "function": {"name": "recall_memory", "arguments": json.dumps({"query": message, "k": k})}}
+            "function": {"name": "recall_memory", "arguments": json.dumps({"query": result.query, "k": k})}}
     return [{"role": "assistant", "content": None, "tool_calls": [call]},
             {"role": "tool", "tool_call_id": PRE_RECALL_CALL_ID,
              "content": json.dumps(recall_payload(result), ensure_ascii=False)}]
@@ -131,7 +132,7 @@ class Agent:
         recalled = pre_recall(self.store, self.user_id, message, k=self.k)
         messages: list[ChatCompletionMessageParam] = [
             {"role": "system", "content": SYSTEM_PROMPT}, *self.history, {"role": "user", "content": message},
-            *injected_recall(message, self.k, recalled)]
+            *injected_recall(self.k, recalled)]
         result = TurnResult(self.user_id, message, episode_id, recalled, messages, not_configured_message())
         if self.configured:
             result.reply = self.run_model(messages, result.tool_calls)

@@ -37,8 +37,9 @@ class ToolArgs(BaseModel):
 
 
 class RecallArgs(ToolArgs):
-    query: str = Field(min_length=1, description="What to look for, in the user's words: a question, a device, "
-                                                 "an error code, a person.")
+    query: str = Field(min_length=1, max_length=C.MAX_QUERY_CHARS,
+                       description="What to look for, in the user's words: a question, a device, an error code, "
+                                   "a person.")
     k: int = Field(C.RECALL_K, ge=1, le=C.MAX_K, description="How many memories to return, best first.")
     types: list[C.MemoryType] | None = Field(None, min_length=1,
                                              description="Only these memory types; leave out to search all.")
