@@ -126,8 +126,8 @@ def es_capabilities(markdown: bool = typer.Option(False, help="print the table o
             typer.echo(f"{'yes' if result.supported else 'no ':4} {result.name}: {result.detail}")
 
 
-users_app = typer.Typer(help="Per-user Atlas tokens and the read keys with document-level security behind them "
-                             "(docs/security.md).", no_args_is_help=True)
+users_app = typer.Typer(help="Per-user Atlas tokens and the read keys with document-level security behind them; "
+                             "erase, export and import a user's memory (docs/security.md).", no_args_is_help=True)
 app.add_typer(users_app, name="users")
 EXPIRATION_OPTION = typer.Option(None, help=f"lifetime such as 30d or 12h (default: token {C.TOKEN_EXPIRATION}, "
                                             "key never)")
@@ -198,6 +198,65 @@ def users_revoke(user_id: str, prefix: str | None = PREFIX_OPTION) -> None:
         _fail(exc)
     typer.echo(f"revoked user {done.user_id} (prefix {done.prefix}): {len(done.key_ids)} live key(s) invalidated "
                f"in the cluster, {len(done.token_ids)} token(s); `atlas users rotate {done.user_id}` restores access")
+
+
+@users_app.command("erase")
+def users_erase(user_id: str, prefix: str | None = PREFIX_OPTION,
+                yes: bool = typer.Option(False, "--yes", help="do not ask for confirmation")) -> None:
+    """Delete every document of the user (archive included), invalidate their keys, revoke their tokens."""
+    from atlas.core.privacy import erase_user
+    from atlas.core.tenancy import key_scope
+
+    try:
+        scope = key_scope(prefix)
+        if not yes:
+            typer.confirm(f"erase every memory of {user_id} in prefix {scope.prefix}, with their keys and tokens? "
+                          "This cannot be undone", abort=True)
+        report = erase_user(scope, user_id)
+    except AtlasError as exc:
+        _fail(exc)
+    typer.echo(f"erased user {report.user_id} (prefix {report.prefix}): {report.documents} document(s), "
+               f"{len(report.key_ids)} live key(s) invalidated, {len(report.token_ids)} token(s) revoked")
+    for index, count in report.deleted.items():
+        typer.echo(f"  {index:40} {count}")
+
+
+@users_app.command("export")
+def users_export(user_id: str, prefix: str | None = PREFIX_OPTION,
+                 out: typer.FileTextWrite = typer.Option("-", "--out", encoding="utf-8",
+                                                         help="JSON Lines file to write, or - for stdout")) -> None:
+    """Everything the user owns as JSON Lines (_id, _index, _source), with supersession links, without vectors."""
+    from atlas.core.privacy import export_user
+    from atlas.core.tenancy import key_scope
+
+    count = 0
+    try:
+        for line in export_user(key_scope(prefix), user_id):
+            out.write(json.dumps(line, ensure_ascii=False) + "\n")
+            count += 1
+    except AtlasError as exc:
+        _fail(exc)
+    typer.echo(f"exported {count} document(s) of user {user_id}", err=True)
+
+
+@users_app.command("import")
+def users_import(file: typer.FileText = typer.Argument(..., encoding="utf-8",
+                                                       help="JSON Lines of `atlas users export`, or - for stdin"),
+                 prefix: str | None = PREFIX_OPTION,
+                 user: str | None = typer.Option(None, help="refuse the file unless every line is this user's "
+                                                            "(default: the first line's owner)")) -> None:
+    """Load an export back: same ids (a re-import overwrites), texts embedded again, the archive restored."""
+    from atlas.core.privacy import import_user, read_lines
+    from atlas.stack import open_store
+
+    try:
+        lines = list(read_lines(file))
+        report = import_user(open_store(prefix), lines, user_id=user, progress=True)
+    except AtlasError as exc:
+        _fail(exc)
+    counts = ", ".join(f"{kind} {count}" for kind, count in report.imported.items())
+    typer.echo(f"imported {len(report.ids)} document(s) of user {report.user_id} into prefix {report.prefix} "
+               f"({counts})")
 
 
 @app.command("bench")

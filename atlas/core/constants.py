@@ -144,6 +144,12 @@ LIST_PAGE_SIZE = 1000
 ARCHIVE_OLDER_THAN = "90d"
 ARCHIVE_BATCH = 500
 
+# --- privacy (atlas.core.privacy) ---------------------------------------------------
+#: Documents one page of an erasure or an export reads (point-in-time paging), and `_bulk` deletes at once.
+PRIVACY_BATCH = 500
+#: How long a point in time of those pages stays open between two pages.
+PIT_KEEP_ALIVE = "2m"
+
 # --- serving ------------------------------------------------------------------
 #: Where `atlas serve` listens unless told otherwise (loopback only).
 MCP_HOST = "127.0.0.1"

@@ -9,7 +9,7 @@ engine, so every change is read-modify-write with retries. `atlas.core.memory` a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -59,6 +59,12 @@ def build_document(user_id: str | None, text: str, memory_type: C.MemoryType, no
         doc.update(success_count=0, failure_count=0, success_rate=smoothed_success_rate(0, 0))
     doc.update({k: (es_date(v) if isinstance(v, datetime) else v) for k, v in fields.items() if v is not None})
     return doc
+
+
+def target_index(prefix: str, doc: Mapping) -> str:
+    """Where a document is stored: its memory type's index, or the archive for one `archive` moved there
+    (marked `archived_from`), so that a reload (`atlas users import`) puts retired facts back where they were."""
+    return archive_name(prefix) if "archived_from" in doc else index_name(prefix, doc["memory_type"])
 
 
 def embed_documents(store: Store, docs: Sequence[dict]) -> None:

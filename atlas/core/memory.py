@@ -24,6 +24,7 @@ from atlas.core.documents import (
     index_document,
     prove_ownership,
     provision_users,
+    target_index,
     update_owned,
 )
 from atlas.core.errors import AtlasError, PartialWrite, ValidationError
@@ -190,6 +191,7 @@ def bulk_load(store: Store, docs: Sequence[dict], *, progress: bool = True, batc
 
     Used by data-set loaders and the catalog; the embedding cache makes reruns cheap. `ids`, when
     given, are used instead of Elasticsearch's own, so loading again overwrites instead of duplicating.
+    A document marked `archived_from` goes to the archive (`documents.target_index`).
     Every memory needs exactly one owner and a catalog item none (`validation.check_owner`): one that
     does not refuses the whole load, before anything is written.
 
@@ -208,7 +210,7 @@ def bulk_load(store: Store, docs: Sequence[dict], *, progress: bool = True, batc
             chunk = [dict(d) for d in docs[start:start + batch]]
             try:
                 embed_documents(store, chunk)
-                ops = [{"index": {"_index": index_name(store.prefix, d["memory_type"]),
+                ops = [{"index": {"_index": target_index(store.prefix, d),
                                   **({"_id": ids[start + i]} if ids else {})}} for i, d in enumerate(chunk)]
                 body = [line for pair in zip(ops, chunk, strict=True) for line in pair]
                 resp = store.es.bulk(operations=body, refresh=False)
