@@ -9,6 +9,11 @@ from datetime import datetime, timezone
 
 import pytest
 
+from dataclasses import replace
+
+from typer.testing import CliRunner
+
+from atlas.core.config import load_settings, read_secret
 from atlas.core.connection import connect
 from atlas.core.errors import ConnectionFailed
 from atlas.core.store import Store
@@ -46,3 +51,23 @@ def module_store(es, request) -> Iterator[Store]:
                    now=lambda: NOW)
     yield s
     s.drop()
+
+
+@pytest.fixture
+def tstore(store: Store, tmp_path) -> Iterator[Store]:
+    """The isolated store with its secrets (keys, tokens) in tmp_path; its drop invalidates the prefix's keys."""
+    store.settings = replace(store.settings, home=tmp_path)
+    yield store
+
+
+@pytest.fixture
+def runner(tstore: Store, monkeypatch) -> CliRunner:
+    """A CLI runner whose Atlas home is tstore's (tmp_path): the local node is reached as an external cluster."""
+    real = load_settings()
+    if real.local:
+        creds = read_secret(real.local_credentials_path)
+        for name, value in (("ES_URL", creds["url"]), ("ES_USERNAME", creds["username"]),
+                            ("ES_PASSWORD", creds["password"])):
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("ATLAS_HOME", str(tstore.settings.home))
+    return CliRunner()

@@ -7,17 +7,13 @@ superseded, the third current. Bob has memory of his own, which nothing here may
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from typer.testing import CliRunner
 
 from atlas.cli import app
 from atlas.consolidation.consolidate import ensure_state_name
 from atlas.core import tokens
-from atlas.core.config import load_settings, read_secret
 from atlas.core.errors import AuthError, ValidationError
 from atlas.core.memory import write_episode, write_memory
 from atlas.core.privacy import erase_user, export_user, import_user
@@ -30,12 +26,6 @@ from atlas.stack import open_store
 from .conftest import NOW, make_prefix
 
 QUERIES = ["Where does Alice live?", "How do I reset the hub?", "When did I move?"]
-
-
-@pytest.fixture
-def tstore(store: Store, tmp_path) -> Iterator[Store]:
-    store.settings = replace(store.settings, home=tmp_path)
-    yield store
 
 
 @pytest.fixture
@@ -151,15 +141,7 @@ def test_import_refuses_foreign_lines(tstore, memory):
         target.drop()
 
 
-def test_cli_export_import_erase(tstore, memory, monkeypatch, tmp_path):
-    real = load_settings()
-    if real.local:  # the CLI's home is tmp_path: reach the local node as an external cluster
-        creds = read_secret(real.local_credentials_path)
-        for name, value in (("ES_URL", creds["url"]), ("ES_USERNAME", creds["username"]),
-                            ("ES_PASSWORD", creds["password"])):
-            monkeypatch.setenv(name, value)
-    monkeypatch.setenv("ATLAS_HOME", str(tstore.settings.home))
-    runner = CliRunner()
+def test_cli_export_import_erase(tstore, memory, runner, tmp_path):
     out = tmp_path / "alice.jsonl"
     exported = runner.invoke(app, ["users", "export", "alice", "--prefix", tstore.prefix, "--out", str(out)])
     assert exported.exit_code == 0, exported.output

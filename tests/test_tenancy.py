@@ -11,19 +11,17 @@ import json
 import stat
 import time
 import warnings
-from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
 from elasticsearch import AuthorizationException
 from elasticsearch import NotFoundError as ESNotFound
-from typer.testing import CliRunner
 
 from atlas.core import tenancy, tokens
 from atlas.research import leaks
 from atlas.research.leaks import leak_sweep
 from atlas.cli import app
-from atlas.core.config import load_settings, read_secret
+from atlas.core.config import read_secret
 from atlas.core.errors import AuthError, NotFound, ValidationError
 from atlas.core.documents import build_document, prove_ownership
 from atlas.core.memory import bulk_load, forget_memory, record_outcome, write_episode, write_memory
@@ -57,13 +55,6 @@ CATALOG = [
     ("Thermo T3", "Thermo T3 smart thermostat with a night setback temperature schedule"),
     ("PetCam 2", "PetCam 2 camera to watch your dog, with a treat dispenser"),
 ]
-
-
-@pytest.fixture
-def tstore(store: Store, tmp_path) -> Iterator[Store]:
-    """The isolated store with its secrets in tmp_path (its drop invalidates the prefix's keys)."""
-    store.settings = replace(store.settings, home=tmp_path)
-    yield store
 
 
 def load_catalog(store: Store) -> list[str]:
@@ -359,15 +350,7 @@ def test_leak_sweep_needs_two_tenants_and_known_configurations(tstore):
 # --- command line ---------------------------------------------------------------------------
 
 
-def test_cli_users_lifecycle(tstore, monkeypatch):
-    real = load_settings()
-    if real.local:  # the CLI's home is tmp_path: reach the local node as an external cluster
-        creds = read_secret(real.local_credentials_path)
-        for name, value in (("ES_URL", creds["url"]), ("ES_USERNAME", creds["username"]),
-                            ("ES_PASSWORD", creds["password"])):
-            monkeypatch.setenv(name, value)
-    monkeypatch.setenv("ATLAS_HOME", str(tstore.settings.home))
-    runner = CliRunner()
+def test_cli_users_lifecycle(tstore, runner):
     created = runner.invoke(app, ["users", "create", "alice", "--expiration", "30d", "--prefix", tstore.prefix])
     assert created.exit_code == 0, created.output
     key = tenancy.stored_key(tstore.settings, tstore.prefix, "alice")

@@ -18,12 +18,11 @@ import anyio
 import httpx
 import pytest
 from elasticsearch import AuthenticationException
-from typer.testing import CliRunner
 
 from atlas.cli import app
 from atlas.core import tenancy, tokens
 from atlas.core import constants as C
-from atlas.core.config import load_settings, read_secret
+from atlas.core.config import read_secret
 from atlas.core.connection import AtlasClient
 from atlas.core.errors import AuthError, NotFound
 from atlas.core.memory import write_memory
@@ -36,12 +35,6 @@ from .test_mcp import run
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
 ACCEPT = {"Accept": "application/json, text/event-stream"}
-
-
-@pytest.fixture
-def tstore(store: Store, tmp_path) -> Iterator[Store]:
-    store.settings = replace(store.settings, home=tmp_path)
-    yield store
 
 
 @pytest.fixture
@@ -89,15 +82,7 @@ def test_a_dls_key_leaks_term_statistics_so_tenants_get_tokens(tstore):
     assert issued.secret not in str(stored) and len(stored["sha256"]) == 64
 
 
-def test_cli_shows_a_token_once_never_the_key(tstore, monkeypatch):
-    real = load_settings()
-    if real.local:  # the CLI's home is tmp_path: reach the local node as an external cluster
-        creds = read_secret(real.local_credentials_path)
-        for name, value in (("ES_URL", creds["url"]), ("ES_USERNAME", creds["username"]),
-                            ("ES_PASSWORD", creds["password"])):
-            monkeypatch.setenv(name, value)
-    monkeypatch.setenv("ATLAS_HOME", str(tstore.settings.home))
-    runner = CliRunner()
+def test_cli_shows_a_token_once_never_the_key(tstore, runner):
     created = runner.invoke(app, ["users", "create", "alice", "--prefix", tstore.prefix])
     assert created.exit_code == 0, created.output
     key = tenancy.stored_key(tstore.settings, tstore.prefix, "alice")

@@ -133,11 +133,16 @@ class UserKey:
 
     def state(self, *, now: datetime | None = None) -> str:
         """"active", "expired" or "revoked" as this machine knows it (the cluster has the last word)."""
-        if self.revoked_at:
-            return "revoked"
-        if self.expires_at and parse_date(self.expires_at) <= (now or utcnow()):
-            return "expired"
-        return "active"
+        return lifetime_state(revoked_at=self.revoked_at, expires_at=self.expires_at, now=now)
+
+
+def lifetime_state(*, revoked_at: str | None, expires_at: str | None, now: datetime | None = None) -> str:
+    """"active", "expired" or "revoked": one rule for user keys and Atlas tokens (wall-clock times)."""
+    if revoked_at:
+        return "revoked"
+    if expires_at and parse_date(expires_at) <= (now or utcnow()):
+        return "expired"
+    return "active"
 
 
 def users_path(settings: Settings) -> Path:

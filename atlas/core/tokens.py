@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from atlas.core import constants as C
-from atlas.core.clock import es_date, parse_date, utcnow
+from atlas.core.clock import es_date, utcnow
 from atlas.core.config import Settings, read_secret, update_secret
 from atlas.core.errors import AuthError, NotFound
 from atlas.core.tenancy import (
@@ -33,6 +33,7 @@ from atlas.core.tenancy import (
     check_expiration,
     create_user_key,
     invalidate_user_keys,
+    lifetime_state,
     revoke_user_key,
     rotate_user_key,
     stored_key,
@@ -57,11 +58,7 @@ class UserToken:
 
     def state(self, *, now: datetime | None = None) -> str:
         """"active", "expired" or "revoked"."""
-        if self.revoked_at:
-            return "revoked"
-        if self.expires_at and parse_date(self.expires_at) <= (now or utcnow()):
-            return "expired"
-        return "active"
+        return lifetime_state(revoked_at=self.revoked_at, expires_at=self.expires_at, now=now)
 
 
 @dataclass(frozen=True)
