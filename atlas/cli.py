@@ -36,8 +36,10 @@ def es_up() -> None:
         creds = cluster.up()
     except AtlasError as exc:
         _fail(exc)
+    settings = cluster.load_settings()
     typer.echo(f"Elasticsearch {cluster.ES_VERSION} is up at {creds['url']}")
-    typer.echo(f"  user: {creds['username']}  password: in {cluster.load_settings().local_credentials_path}")
+    typer.echo(f"  Atlas connects as {settings.service_user} (least privilege): {settings.service_credentials_path}")
+    typer.echo(f"  operator (superuser, set-up only): {creds['username']}: {settings.local_credentials_path}")
     typer.echo("  try:  curl -u elastic:$(python -c \"import json;print(json.load(open('.atlas/elastic.json'))"
                f"['password'])\") {creds['url']}/_cluster/health")
 
@@ -124,6 +126,44 @@ def es_capabilities(markdown: bool = typer.Option(False, help="print the table o
     else:
         for result in results:
             typer.echo(f"{'yes' if result.supported else 'no ':4} {result.name}: {result.detail}")
+
+
+service_app = typer.Typer(help="Atlas's own least-privilege Elasticsearch user (docs/security.md).",
+                          no_args_is_help=True)
+app.add_typer(service_app, name="service")
+INDICES_OPTION = typer.Option(list(C.SERVICE_INDEX_PATTERNS), "--indices",
+                              help="index patterns the role covers (repeat; default: every non-system index)")
+
+
+@service_app.command("role")
+def service_role(indices: list[str] = INDICES_OPTION) -> None:
+    """Print the role as a request to paste into Kibana Dev Tools."""
+    from atlas.core.config import load_settings
+    from atlas.ops.service import build_service_role_body, check_service_user
+
+    try:
+        name, body = check_service_user(load_settings().service_user), build_service_role_body(indices=indices)
+    except AtlasError as exc:
+        _fail(exc)
+    typer.echo(f"PUT _security/role/{name}\n{json.dumps(body, indent=2)}")
+
+
+@service_app.command("create")
+def service_create(indices: list[str] = INDICES_OPTION) -> None:
+    """Create or update the role and user with the operator's credential (local `elastic`, or ES_*)."""
+    from atlas.core.config import load_settings
+    from atlas.core.connection import connect
+    from atlas.ops.service import ensure_service_principal
+
+    settings = load_settings()
+    try:
+        creds = ensure_service_principal(connect(settings, operator=True), settings, indices=indices)
+    except AtlasError as exc:
+        _fail(exc)
+    typer.echo(f"user {creds['username']} with its role of the same name is ready at {creds['url']}; "
+               f"its password is in {settings.service_credentials_path}")
+    if not settings.local:
+        typer.echo("Atlas connects as it when ES_URL is this cluster and ES_API_KEY / ES_USERNAME are unset.")
 
 
 users_app = typer.Typer(help="Per-user Atlas tokens and the read keys with document-level security behind them; "

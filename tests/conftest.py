@@ -31,6 +31,12 @@ def es():
         pytest.exit(f"the test cluster is not reachable: {exc}", returncode=3)
 
 
+@pytest.fixture(scope="session")
+def operator_es(es):
+    """The operator's client (the local node's `elastic`, or ES_*): for the set-ups Atlas itself may not do."""
+    return connect(operator=True)
+
+
 def make_prefix(tag: str) -> str:
     """t-<tag>-<random>: valid as an index prefix whatever the test is called."""
     return f"t-{re.sub(r'[^a-z0-9]+', '-', tag.lower())[:16].strip('-')}-{uuid.uuid4().hex[:8]}"
@@ -65,7 +71,7 @@ def runner(tstore: Store, monkeypatch) -> CliRunner:
     """A CLI runner whose Atlas home is tstore's (tmp_path): the local node is reached as an external cluster."""
     real = load_settings()
     if real.local:
-        creds = read_secret(real.local_credentials_path)
+        creds = read_secret(real.service_credentials_path)
         for name, value in (("ES_URL", creds["url"]), ("ES_USERNAME", creds["username"]),
                             ("ES_PASSWORD", creds["password"])):
             monkeypatch.setenv(name, value)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
+from atlas.core import constants as C
 from atlas.core.config import read_secret
 from atlas.core.memory import write_episode
 from atlas.core.tenancy import live_prefix_keys_query, users_path
-from atlas.research.bench import Corpus, bench_store, index_size, measure_throughput
+from atlas.research.bench import Corpus, bench_store, index_size, measure_throughput, measure_token_check
 
 pytestmark = pytest.mark.cluster
 
@@ -52,3 +54,15 @@ def test_throughput(store) -> None:
         assert 0 < stats["p50_ms"] <= stats["p95_ms"] <= stats["p99_ms"] and stats["mean_ms"] > 0
         wall_ms = requests / stats["recalls_per_s"] * 1000
         assert stats["p99_ms"] <= wall_ms and requests * stats["mean_ms"] <= n * wall_ms
+
+
+def test_token_check_is_measured_with_and_without_the_cache(tstore) -> None:
+    """Both settings time `checks` verifications of live tokens; without tenancy there is nothing to check."""
+    users = ["tina", "theo"]
+    for user in users:
+        tstore.provision(user)
+    out = measure_token_check(tstore, users, 40, random.Random(0))
+    assert out is not None and out["tokens"] == 2 and out["revocation_bound_s"] == C.TOKEN_CACHE_SECONDS
+    for name in ("cached", "no cache"):
+        assert out[name]["n"] == 40 and 0 < out[name]["p50_ms"] <= out[name]["p95_ms"] <= out[name]["p99_ms"]
+    assert measure_token_check(replace(tstore, provision=None), users, 40, random.Random(0)) is None

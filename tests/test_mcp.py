@@ -30,7 +30,7 @@ def keyed(store: Store, tmp_path, monkeypatch) -> Iterator[tuple[Store, dict[str
     store.settings = replace(store.settings, home=tmp_path)
     made = {user: create_user(store, user) for user in ("sarah", "tom")}
     yield store, {user: issued.secret for user, issued in made.items()}
-    store.es.security.invalidate_api_key(ids=[issued.key.id for issued in made.values() if issued.key])
+    store.es.security.invalidate_api_key(ids=[issued.key.id for issued in made.values() if issued.key], owner=True)
 
 
 @pytest.fixture

@@ -131,18 +131,18 @@ def test_bm25_ignores_length_and_an_older_index_is_upgraded(store):
     assert len(after) == 2 and after == pytest.approx([after[0]] * 2)
 
 
-def test_an_index_that_cannot_be_closed_is_not_upgraded_silently(store):
+def test_an_index_that_cannot_be_closed_is_not_upgraded_silently(store, operator_es):
     """A cluster may refuse to close an index (here `cluster.indices.close.enable: false`): say so, change nothing."""
     catalog = f"{store.prefix}-catalog"
     store.es.indices.close(index=catalog)
     store.es.indices.put_settings(index=catalog, settings={"index": {"similarity": {"default": {"b": 0.75}}}})
     store.es.indices.open(index=catalog, wait_for_active_shards="all")
-    store.es.cluster.put_settings(persistent={"cluster.indices.close.enable": False})
+    operator_es.cluster.put_settings(persistent={"cluster.indices.close.enable": False})
     try:
         with pytest.raises(SchemaMismatch, match="change that failed .closing indices is disabled"):
             ensure_indices(store.es, store.prefix, store.embedder.dims, store.passage_embedders["rerank_embedding"].dims)
     finally:
-        store.es.cluster.put_settings(persistent={"cluster.indices.close.enable": None})
+        operator_es.cluster.put_settings(persistent={"cluster.indices.close.enable": None})
     assert store.es.indices.get_settings(index=catalog)[catalog]["settings"]["index"]["similarity"]["default"]["b"] == "0.75"
     assert store.es.cat.indices(index=catalog, h="status").strip() == "open"
 

@@ -136,15 +136,15 @@ def test_expired_token_is_refused(tstore):
 
 
 @pytest.fixture
-def own_key_user(tstore) -> Iterator[tuple[str, str]]:
+def own_key_user(operator_es) -> Iterator[tuple[str, str]]:
     """A native user whose only privilege is manage_own_api_key."""
     name, password = f"own-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    tstore.es.security.put_role(name=name, cluster=["manage_own_api_key"])
-    tstore.es.security.put_user(username=name, password=password, roles=[name])
+    operator_es.security.put_role(name=name, cluster=["manage_own_api_key"])
+    operator_es.security.put_user(username=name, password=password, roles=[name])
     yield name, password
-    tstore.es.security.invalidate_api_key(username=name)
-    tstore.es.security.delete_user(username=name)
-    tstore.es.security.delete_role(name=name)
+    operator_es.security.invalidate_api_key(username=name)
+    operator_es.security.delete_user(username=name)
+    operator_es.security.delete_role(name=name)
 
 
 def test_a_key_minted_by_another_principal_is_not_believed(tstore, own_key_user):

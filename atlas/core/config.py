@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from atlas.core.constants import DEFAULT_EMBEDDER, DEFAULT_INDEX_PREFIX, DEFAULT_RERANKER
+from atlas.core.constants import DEFAULT_EMBEDDER, DEFAULT_INDEX_PREFIX, DEFAULT_RERANKER, SERVICE_PRINCIPAL
 
 #: The checkout the package runs from (an editable install): its data/, results/ and es-plugin/.
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -46,6 +46,8 @@ class Settings:
     es_port: int = 9200
     es_heap: str = "1g"
     index_prefix: str = DEFAULT_INDEX_PREFIX
+    #: Name of Atlas's service user and of its role (`atlas.ops.service`).
+    service_user: str = SERVICE_PRINCIPAL
     #: Embedder spec of the first stage (see `atlas.models.embed.load_embedder`).
     embedder: str = DEFAULT_EMBEDDER
     #: Second stage: an embedder spec, "cross-encoder:/path" or an HTTP rerank URL.
@@ -61,8 +63,15 @@ class Settings:
 
     @property
     def local_credentials_path(self) -> Path:
-        """The local node's URL and `elastic` password, written by `atlas es up` (`atlas.ops.cluster`)."""
+        """The local node's URL and `elastic` password, written by `atlas es up` (`atlas.ops.cluster`): the
+        operator's superuser, used to set the node up and never by a running Atlas process."""
         return self.secrets_dir / "elastic.json"
+
+    @property
+    def service_credentials_path(self) -> Path:
+        """URL, user and password of Atlas's own least-privilege user, written by `atlas es up` or
+        `atlas service create` (`atlas.ops.service`)."""
+        return self.secrets_dir / "service.json"
 
     @property
     def es_dir(self) -> Path:
@@ -95,7 +104,7 @@ class Settings:
 
 def load_settings(**overrides: object) -> Settings:
     """Settings from the environment (ES_URL, ES_API_KEY, ES_USERNAME, ES_PASSWORD, ES_CA_CERTS,
-    ATLAS_ES_PORT, ATLAS_ES_HEAP, ATLAS_INDEX_PREFIX, ATLAS_EMBEDDER, ATLAS_RERANKER,
+    ATLAS_ES_PORT, ATLAS_ES_HEAP, ATLAS_INDEX_PREFIX, ATLAS_SERVICE_USER, ATLAS_EMBEDDER, ATLAS_RERANKER,
     OPENAI_BASE_URL, OPENAI_API_KEY, ATLAS_LLM_MODEL), then keyword overrides."""
     env = os.environ.get
     values: dict[str, Any] = {  # each a field of `Settings`, of that field's type
@@ -108,6 +117,7 @@ def load_settings(**overrides: object) -> Settings:
         "es_port": int(env("ATLAS_ES_PORT", "9200")),
         "es_heap": env("ATLAS_ES_HEAP", "1g"),
         "index_prefix": env("ATLAS_INDEX_PREFIX", DEFAULT_INDEX_PREFIX),
+        "service_user": env("ATLAS_SERVICE_USER", SERVICE_PRINCIPAL),
         "embedder": env("ATLAS_EMBEDDER", DEFAULT_EMBEDDER),
         "reranker": env("ATLAS_RERANKER", DEFAULT_RERANKER),
         "llm_base_url": env("OPENAI_BASE_URL") or None,

@@ -19,21 +19,30 @@ from atlas.core.errors import ConnectionFailed
 CLIENT_MAJOR = int(elasticsearch.__versionstr__.split(".")[0])
 
 
-def client_options(settings: Settings) -> dict:
-    """URL, credentials and CA of the service credential (the local node's `elastic`, or ES_*)."""
+def client_options(settings: Settings, *, operator: bool = False) -> dict:
+    """URL, credentials and CA of Atlas's service credential, or with `operator` of the operator's.
+
+    The service credential is the least-privilege user that `atlas es up` (local node) or
+    `atlas service create` (any cluster) made, unless ES_API_KEY / ES_USERNAME name another. The
+    operator's is the local node's `elastic`, or on another cluster whatever ES_* say.
+    """
     if settings.local:
-        creds = read_secret(settings.local_credentials_path)
-        if creds is None:
+        path = settings.local_credentials_path if operator else settings.service_credentials_path
+        creds = read_secret(path)
+        if creds is None or creds.get("url") != settings.url:
             raise ConnectionFailed(
-                f"no local cluster credentials in {settings.local_credentials_path}: run `make es-up` "
-                "(or `atlas es up`), or set ES_URL to use another cluster"
+                f"no credentials for the local node at {settings.url} in {path}: run `make es-up` (or `atlas es up`), "
+                "which starts the node and makes Atlas's service user, or set ES_URL to use another cluster"
             )
         return {"hosts": [settings.url], "basic_auth": (creds["username"], creds["password"])}
     options: dict = {"hosts": [settings.es_url]}
+    service = None if operator else read_secret(settings.service_credentials_path)
     if settings.es_api_key:
         options["api_key"] = settings.es_api_key
     elif settings.es_username:
         options["basic_auth"] = (settings.es_username, settings.es_password or "")
+    elif service is not None and service.get("url") == settings.es_url:
+        options["basic_auth"] = (service["username"], service["password"])
     if settings.es_ca_certs:
         options["ca_certs"] = settings.es_ca_certs
     return options
@@ -64,15 +73,16 @@ class AtlasClient(Elasticsearch):
             ) from exc
 
 
-def connect(settings: Settings | None = None, *, api_key: str | None = None, check: bool = True,
-            request_timeout: float = 30) -> Elasticsearch:
-    """A client with the service credential, or with `api_key` (a user's key) when given.
+def connect(settings: Settings | None = None, *, api_key: str | None = None, operator: bool = False,
+            check: bool = True, request_timeout: float = 30) -> Elasticsearch:
+    """A client with the service credential, or with `api_key` (a user's key), or with `operator` the
+    operator's (set-up only: `atlas es up`, `atlas service create`).
 
     `check` makes one request so that a broken setup fails here, with advice, rather
     than deep inside a recall.
     """
     settings = settings or load_settings()
-    options = client_options(settings)
+    options = client_options(settings, operator=operator)
     if api_key is not None:
         options.pop("basic_auth", None)
         options["api_key"] = api_key

@@ -155,6 +155,19 @@ PIT_KEEP_ALIVE = "2m"
 MCP_HOST = "127.0.0.1"
 MCP_PORT = 8765
 
+# --- the service principal (atlas.ops.service) ----------------------------------------
+#: The Elasticsearch user (and role) every Atlas process runs as, unless ATLAS_SERVICE_USER names another;
+#: the operator's superuser only sets it up.
+SERVICE_PRINCIPAL = "atlas_service"
+#: Cluster privileges of that role: read cluster state and health (`monitor`), make, read and invalidate
+#: the user keys it owns (`manage_own_api_key`), and keep the prefixes' index templates.
+SERVICE_CLUSTER_PRIVILEGES = ("monitor", "manage_own_api_key", "manage_index_templates")
+#: Index privileges on the prefixes' indices: create, map, refresh and drop them, read and write documents.
+SERVICE_INDEX_PRIVILEGES = ("create_index", "manage", "read", "write")
+#: Index patterns the role covers unless `atlas service create --indices` says otherwise: every
+#: non-system index, for a cluster that holds Atlas alone. On a shared cluster name the prefixes.
+SERVICE_INDEX_PATTERNS = ("*",)
+
 # --- bearer tokens (atlas.core.tokens) ------------------------------------------------
 #: Every Atlas token starts with this, so a leaked one is recognisable (secret scanners, logs).
 TOKEN_PREFIX = "atl_"

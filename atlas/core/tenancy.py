@@ -195,8 +195,8 @@ def _issue(scope: Scope, user_id: str, expiration: str | None) -> UserKey:
         # refresh=true: the key is usable at once, without waiting for the next security-index refresh (~1 s).
         resp = scope.es.security.create_api_key(**body, refresh=True)
     except AuthorizationException:
-        raise AuthError("the service credential may not create API keys: it needs the `manage_api_key` "
-                        "cluster privilege (the local node's `elastic` user has it)") from None
+        raise AuthError("the service credential may not create API keys: it needs the `manage_own_api_key` "
+                        "cluster privilege (Atlas's service role has it: `atlas service create`)") from None
     expires = resp.get("expiration")
     key = UserKey(user_id, scope.prefix, resp["id"], resp["name"], resp["encoded"], es_date(utcnow()), expiration,
                   es_date(datetime.fromtimestamp(expires / 1000, tz=UTC)) if expires else None)
@@ -253,7 +253,7 @@ def _invalidate_all(es: Elasticsearch, query: dict, *, keep: str | None = None) 
     done: list[str] = []
     while page := [key["id"] for key in es.security.query_api_keys(query=query, size=C.LIST_PAGE_SIZE)["api_keys"]
                    if key["id"] not in done and key["id"] != keep]:  # an invalidated key leaves the query
-        es.security.invalidate_api_key(ids=page)
+        es.security.invalidate_api_key(ids=page, owner=True)
         done.extend(page)
     return done
 
@@ -331,13 +331,12 @@ def upgrade_user_key(scope: Scope, key: UserKey) -> UserKey:
     """
     expected = build_role_descriptor(scope.prefix, key.user_id)
     try:
-        info = scope.es.security.get_api_key(id=key.id)["api_keys"][0]
+        info = scope.es.security.get_api_key(id=key.id, owner=True)["api_keys"][0]
     except NotFoundError:
         return key
     except AuthorizationException:
         raise AuthError(f"the service credential may not read the key of user {key.user_id} to check its role: "
-                        "it needs the `manage_api_key` cluster privilege (or `manage_own_api_key`, for the keys "
-                        "it made)") from None
+                        "it needs the `manage_own_api_key` cluster privilege (Atlas's service role has it)") from None
     roles, meta = info.get("role_descriptors") or {}, info.get("metadata") or {}
     made_by_atlas = meta.get("atlas_user_id") == key.user_id and meta.get("atlas_prefix") == scope.prefix \
         and set(roles) == set(expected)

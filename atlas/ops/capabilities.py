@@ -58,15 +58,15 @@ def _knn(es: Elasticsearch, index: str) -> str:
 
 def _analyzers(es: Elasticsearch, index: str) -> str:
     ok = [a for a in ("standard", "simple", "whitespace", "keyword", "stop")
-          if es.indices.analyze(analyzer=a, text="Lumio Hub v2")["tokens"]]
-    custom = es.indices.analyze(tokenizer="whitespace", filter=["lowercase"], text="Lumio E-0x41")["tokens"]
-    tokens = [t["token"] for t in custom]
+          if es.indices.analyze(index=index, analyzer=a, text="Lumio Hub v2")["tokens"]]
+    custom = es.indices.analyze(index=index, tokenizer="whitespace", filter=["lowercase"], text="Lumio E-0x41")
+    tokens = [t["token"] for t in custom["tokens"]]
     _check(tokens == ["lumio", "e-0x41"], f"whitespace+lowercase gave {tokens}, expected ['lumio', 'e-0x41']")
     return f"built-in analyzers {', '.join(ok)}; custom whitespace+lowercase works"
 
 
 def _language_analyzers(es: Elasticsearch, index: str) -> str:
-    es.indices.analyze(analyzer="french", text="chiens qui courent")
+    es.indices.analyze(index=index, analyzer="french", text="chiens qui courent")
     return "french analyzer available"
 
 
@@ -136,7 +136,7 @@ def _dls_api_key(es: Elasticsearch, index: str) -> str:
     try:
         ids = sorted(h["_id"] for h in user.search(index=index, query={"match_all": {}})["hits"]["hits"])
     finally:
-        es.security.invalidate_api_key(ids=[key["id"]])
+        es.security.invalidate_api_key(ids=[key["id"]], owner=True)
     _check(ids == ["a", "c"], f"the DLS key saw {ids}, expected ['a', 'c']")
     return "an API key whose role has a DLS query sees only its own and the shared documents"
 
@@ -181,7 +181,7 @@ def _ingest(es: Elasticsearch, index: str) -> str:
 PROBES: list[tuple[str, str, Callable[[Elasticsearch, str], str], str]] = [
     ("security + trial license", "GET _security/_authenticate; GET _license", _security, ""),
     ("dense_vector + kNN", "POST idx/_search {knn: {field, query_vector, k, num_candidates}}", _knn, ""),
-    ("BM25, built-in analyzers", "POST _analyze {tokenizer: whitespace, filter: [lowercase]}", _analyzers, ""),
+    ("BM25, built-in analyzers", "POST idx/_analyze {tokenizer: whitespace, filter: [lowercase]}", _analyzers, ""),
     ("function_score (gauss, field_value_factor, filters)", "POST idx/_search {query: {function_score: ...}}",
      _function_score, ""),
     ("_msearch", "POST _msearch (BM25 + kNN)", _msearch, ""),
@@ -189,7 +189,7 @@ PROBES: list[tuple[str, str, Callable[[Elasticsearch, str], str], str]] = [
     ("partial update with if_seq_no", "POST idx/_update/id?if_seq_no=..&if_primary_term=..", _occ_update, ""),
     ("point in time + search_after", "POST idx/_pit; POST _search {pit, search_after}", _pit, ""),
     ("API key with DLS role descriptor", "POST _security/api_key {role_descriptors: {..query..}}", _dls_api_key, ""),
-    ("language analyzers other than english", "POST _analyze {analyzer: french}", _language_analyzers,
+    ("language analyzers other than english", "POST idx/_analyze {analyzer: french}", _language_analyzers,
      "`english` (stemming, stop words) comes from the atlas-analysis plugin; Atlas's text uses it, plus a "
      "whitespace/lowercase subfield for exact tokens"),
     ("Painless scripts", "POST idx/_update/id {script: ...}", _painless,
@@ -232,7 +232,7 @@ def probe(es: Elasticsearch) -> list[Capability]:
                 reason = getattr(exc, "message", None) or str(exc)
                 results.append(Capability(name, request, False, reason.splitlines()[0][:160], workaround))
     finally:
-        es.indices.delete(index=f"{index}*", ignore_unavailable=True, allow_no_indices=True)
+        es.indices.delete(index=f"{index},{index}-st", ignore_unavailable=True)  # by name: wildcards are refused
     return results
 
 

@@ -25,8 +25,10 @@ from pathlib import Path
 import urllib3
 
 from atlas.core.config import Settings, load_settings, read_secret, write_secret
+from atlas.core.connection import connect
 from atlas.core.errors import ClusterError
 from atlas.ops.es_plugin import install_analysis_plugin
+from atlas.ops.service import ensure_service_principal
 
 ES_VERSION = "9.2.0"
 ES_ARTIFACT = f"org.elasticsearch.distribution.integ-test-zip:elasticsearch:{ES_VERSION}:zip"
@@ -198,6 +200,28 @@ def _run_as_es(cmd: list[str], env: dict[str, str], **kwargs) -> subprocess.Comp
 # --- configuration ----------------------------------------------------------------
 
 
+def refuse_links(root: Path) -> None:
+    """Raise when a symbolic link is anywhere under `root`, before root writes or chowns there.
+
+    The folder belongs to `atlas-es` after the first start, so whoever runs as that user could plant
+    a link (`data/x -> /etc/shadow`) for root to follow: a chown, a copied file or a written config
+    would then land outside. The set-up runs while the node is stopped, so a folder checked free of
+    links stays so.
+    """
+    links = [Path(folder, name) for folder, dirs, files in os.walk(root) for name in (*dirs, *files)
+             if Path(folder, name).is_symlink()]
+    if links:
+        raise ClusterError(f"the node folder {root} holds symbolic links, which root will not follow: "
+                           f"{', '.join(map(str, links[:5]))}: remove them (or `atlas es reset`)")
+
+
+def give_node_folder(node: LocalNode, uid: int, gid: int) -> None:
+    """Hand the node's folder to its user; a link is never followed (`refuse_links` ran first)."""
+    for folder, dirs, files in os.walk(node.root):
+        for name in (folder, *(os.path.join(folder, n) for n in (*dirs, *files))):
+            os.chown(name, uid, gid, follow_symlinks=False)
+
+
 def render_config(node: LocalNode, settings: Settings) -> str:
     """elasticsearch.yml of the single local node: loopback, security on, trial license."""
     return "\n".join([
@@ -212,7 +236,7 @@ def render_config(node: LocalNode, settings: Settings) -> str:
         "xpack.security.http.ssl.enabled: false",
         "xpack.security.transport.ssl.enabled: false",
         "xpack.license.self_generated.type: trial",
-        "action.destructive_requires_name: false",
+        "action.destructive_requires_name: true",
         "",
     ])
 
@@ -223,6 +247,8 @@ def configure(node: LocalNode, settings: Settings, java_home: Path, password: st
     The keystore's `bootstrap.password` is the `elastic` password for as long as nobody
     changes it through the API, so rewriting it at every start keeps old data usable.
     """
+    if _as_root():
+        refuse_links(node.root)
     for folder in (node.config, node.data, node.logs):
         folder.mkdir(parents=True, exist_ok=True)
     for name in ("jvm.options", "log4j2.properties", "roles.yml", "users", "users_roles", "role_mapping.yml"):
@@ -236,8 +262,8 @@ def configure(node: LocalNode, settings: Settings, java_home: Path, password: st
     if _as_root():
         user = ensure_es_user()
         _check_traversable(node.root)
-        for path in [node.root, *node.root.rglob("*")]:
-            os.chown(path, user.pw_uid, user.pw_gid)
+        give_node_folder(node, user.pw_uid, user.pw_gid)
+    node.root.chmod(0o700)  # data, logs and the keystore: for the node's user alone
     keystore = str(node.dist / "bin" / "elasticsearch-keystore")
     for cmd, stdin in (([keystore, "create"], None), ([keystore, "add", "-x", "bootstrap.password"], password)):
         done = _run_as_es(cmd, env, input=stdin, capture_output=True, text=True)
@@ -249,11 +275,27 @@ def configure(node: LocalNode, settings: Settings, java_home: Path, password: st
 # --- lifecycle ----------------------------------------------------------------------
 
 
+def _node_uid() -> int | None:
+    """The user the node runs as: `atlas-es` under root, else the caller."""
+    if not _as_root():
+        return os.getuid()
+    try:
+        return pwd.getpwnam(ES_USER).pw_uid
+    except KeyError:
+        return None
+
+
 def _pid(node: LocalNode) -> int | None:
-    """PID of the running local node, or None (a stale pid file is removed)."""
+    """PID of the running local node, or None (a stale pid file is removed).
+
+    The node's user writes the pid file, so a pid of a process that user does not run (pid 1, say)
+    is stale too: `down` must never signal it as root.
+    """
     try:
         pid = int(node.pidfile.read_text().strip())
         os.kill(pid, 0)
+        if Path(f"/proc/{pid}").stat().st_uid != _node_uid():
+            raise ProcessLookupError(pid)
         return pid
     except (FileNotFoundError, ValueError, ProcessLookupError):
         node.pidfile.unlink(missing_ok=True)
@@ -289,7 +331,8 @@ def _log_tail(node: LocalNode, lines: int = 30) -> str:
 
 
 def up(settings: Settings | None = None) -> dict:
-    """Start the local node if it is not running and wait until it answers. Idempotent."""
+    """Start the local node if it is not running, wait until it answers, and make sure Atlas's service
+    user exists (`atlas.ops.service`). Idempotent; returns the operator's (`elastic`) credentials."""
     settings = settings or load_settings()
     if not settings.local:
         raise ClusterError(f"ES_URL is set ({settings.es_url}): Atlas uses that cluster and starts nothing")
@@ -297,7 +340,7 @@ def up(settings: Settings | None = None) -> dict:
     creds = local_credentials(settings)
     if _pid(node) is not None:
         if _wait(node, creds, timeout=START_TIMEOUT_S):
-            return creds
+            return _with_service_principal(settings, creds)
         raise ClusterError(f"the local node (pid {_pid(node)}) runs but does not answer:\n{_log_tail(node)}")
     if _port_taken(settings.es_port):
         raise ClusterError(
@@ -315,6 +358,11 @@ def up(settings: Settings | None = None) -> dict:
         raise ClusterError(f"Elasticsearch did not start:\n{done.stderr[-3000:]}\n{_log_tail(node)}")
     if not _wait(node, creds, timeout=START_TIMEOUT_S):
         raise ClusterError(f"Elasticsearch started but did not answer within {START_TIMEOUT_S}s:\n{_log_tail(node)}")
+    return _with_service_principal(settings, creds)
+
+
+def _with_service_principal(settings: Settings, creds: dict) -> dict:
+    ensure_service_principal(connect(settings, operator=True), settings)
     return creds
 
 
@@ -370,4 +418,5 @@ def status(settings: Settings | None = None) -> dict:
     pid = _pid(node)
     answering = bool(pid and creds and _answers(creds["url"], creds["username"], creds["password"]))
     return {"mode": "local", "url": settings.url, "pid": pid, "answering": answering,
-            "version": ES_VERSION, "credentials_file": str(settings.local_credentials_path)}
+            "version": ES_VERSION, "operator_credentials_file": str(settings.local_credentials_path),
+            "service_credentials_file": str(settings.service_credentials_path)}

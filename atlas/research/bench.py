@@ -46,6 +46,7 @@ from atlas.core.recall import recall
 from atlas.core.schemas import MODEL_FIELDS, all_indices, check_prefix, drop_indices, index_name
 from atlas.core.store import Embedder, Store
 from atlas.core.tenancy import forget_prefix_keys
+from atlas.core.tokens import TokenVerifier, issue_token
 from atlas.models.embed import load_embedder
 from atlas.models.rerank import load_second_stage
 from atlas.notebook.display import Table, table
@@ -83,6 +84,8 @@ class Plan:
     clauses_per_type: int = 150
     #: Hits per recall.
     k: int = 10
+    #: Token checks timed per cache setting (each a few microseconds).
+    token_checks: int = 2_000
 
 
 #: What the notebook runs when no saved results exist: one small corpus, seconds per part.
@@ -289,6 +292,21 @@ def _write_note(store: Store, users: Sequence[str], rng: random.Random, tag: str
     write_episode(store, rng.choice(users), f"{_fill(rng.choice(HEADS['episodic']), rng)} (note {tag})")
 
 
+def measure_token_check(store: Store, users: Sequence[str], checks: int, rng: random.Random) -> dict | None:
+    """What authenticating one MCP call costs: `TokenVerifier.verify` of a live token, with the verifier's
+    cache (a revocation is honoured within `C.TOKEN_CACHE_SECONDS`) and with the token file read on every
+    call (no cache). None without tenancy (no user keys, so no tokens)."""
+    if store.provision is None:
+        return None
+    issued = [issue_token(store, user).secret for user in users]
+    out: dict = {"tokens": len(issued), "revocation_bound_s": C.TOKEN_CACHE_SECONDS}
+    for name, ttl in (("cached", C.TOKEN_CACHE_SECONDS), ("no cache", 0.0)):
+        verifier = TokenVerifier(store.settings, store.prefix, ttl=ttl)
+        verifier.verify(issued[0])
+        out[name] = latency_stats([timed(partial(verifier.verify, rng.choice(issued))) for _ in range(checks)])
+    return out
+
+
 def measure_throughput(store: Store, corpus: Corpus, queries: Sequence[str], clients: Sequence[int], requests: int,
                        rng: random.Random, now: datetime, k: int = 10, progress: bool = True) -> dict:
     """Recalls per second of the default mode with N concurrent clients (threads sharing one store)."""
@@ -478,6 +496,7 @@ def _bench_scale(results: dict, plan: Plan, store: Store, corpus: Corpus, clause
                               for mode in tqdm(C.RECALL_MODES, desc=f"recall {label(scale)}", disable=not progress)}
     if scale == plan.scales[0]:
         results["write"] = measure_writes(store, corpus.users, plan.write_reps, rng, progress)
+        results["token_check"] = measure_token_check(store, corpus.users, plan.token_checks, rng)
         results["ingest"]["with_embedding"] = {
             "docs": plan.ingest_docs, "per_s": measure_ingest_with_embedding(store, rng, plan.ingest_docs, now)}
     if scale == min(plan.scales, key=lambda s: abs(s - 10_000)):
@@ -540,6 +559,14 @@ def tables(results: dict) -> list[Table]:
         out.append(table([{"refresh": policy, "p50": _ms(w["p50_ms"]), "p95": _ms(w["p95_ms"]), "n": w["n"]}
                           for policy, w in results["write"].items()],
                          title="Write one episode: embedding (both models) + index (ms)", numeric=("p50", "p95", "n")))
+    if results.get("token_check"):
+        t = results["token_check"]
+        out.append(table([{"token file": f"{name} (revocations honoured within {t['revocation_bound_s']:g} s)"
+                           if name == "cached" else "read on every call", "p50": f"{t[name]['p50_ms']:.3f}",
+                           "p95": f"{t[name]['p95_ms']:.3f}", "p99": f"{t[name]['p99_ms']:.3f}", "n": t[name]["n"]}
+                          for name in ("cached", "no cache")],
+                         title=f"Token check per MCP call, {t['tokens']} live tokens (ms)",
+                         numeric=("p50", "p95", "p99", "n")))
     if "throughput" in results:
         t = results["throughput"]
         out.append(table([{"clients": n, "recalls/s": f"{c['recalls_per_s']:.1f}", "p50": _ms(c["p50_ms"]),

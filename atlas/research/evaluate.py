@@ -123,7 +123,7 @@ def score(question: EvalQuestion, ranked: Sequence[str], ks: Sequence[int]) -> d
 def read_as_users(store: Store, users: Iterable[str]) -> str:
     """Point every read at the asking user's own DLS key; says how reads are guarded.
 
-    A credential that may not create API keys (no `manage_api_key`) falls back to the
+    A credential that may not create API keys (no `manage_own_api_key`) falls back to the
     service credential and the code filter, with a warning, and the report says so.
     """
     try:

@@ -1,25 +1,29 @@
 """The leak sweep: every tenant's questions, and other tenants' own words as queries, under each guard.
 
-Zero cross-tenant leaks is a release gate. The sweep runs the same recalls three ways,
+Zero cross-tenant leaks is a release gate. The sweep runs the same recalls four ways,
 (a) per-user DLS keys + the code filter, (b) DLS keys alone, (c) the service credential
-+ the code filter, so that each guard is shown to hold on its own; an `unguarded`
-configuration exists to show the sweep can fail.
++ the code filter, so that each guard is shown to hold on its own, and (d) through the MCP
+server over HTTP, each tenant holding only their Atlas token, as a tenant really reads; an
+`unguarded` configuration exists to show the sweep can fail.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import anyio
 from tqdm.auto import tqdm
 
 from atlas.core import constants as C
-from atlas.core.errors import ValidationError
+from atlas.core.errors import AtlasError, ValidationError
 from atlas.core.recall import clip_query, recall
-from atlas.core.schemas import index_name
+from atlas.core.schemas import all_indices, index_name
 from atlas.core.store import Store
 from atlas.core.tenancy import KeyReader
+from atlas.core.tokens import issue_token, revoke_tokens
 from atlas.core.validation import check_choice, check_user
+from atlas.serve.mcp_server import BackgroundServer, create_app, open_client
 
 #: Longest adversarial query (another tenant's document text), in characters.
 ADVERSARIAL_QUERY_CHARS = 1000
@@ -32,15 +36,27 @@ class Guard:
     keys: bool
     code_filter: bool
     description: str
+    #: Ask through the MCP server over HTTP with each tenant's Atlas token (the default recall mode).
+    mcp: bool = False
 
 
 GUARDS: dict[str, Guard] = {
     "dls+filter": Guard(True, True, "per-user DLS keys and the code filter (production)"),
     "dls-only": Guard(True, False, "per-user DLS keys, code filter off: DLS alone"),
     "service+filter": Guard(False, True, "service credential and the code filter: the filter alone"),
+    "mcp+tokens": Guard(True, True, "the MCP server over HTTP, each tenant holding only their Atlas token", mcp=True),
     "unguarded": Guard(False, False, "service credential, no code filter: must leak (shows the sweep can fail)"),
 }
-DEFAULT_GUARDS = ("dls+filter", "dls-only", "service+filter")
+DEFAULT_GUARDS = ("dls+filter", "dls-only", "service+filter", "mcp+tokens")
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One hit a tenant got: its id, its owner (None for the catalog) and its text."""
+
+    id: str
+    owner: str | None
+    text: str
 
 
 @dataclass(frozen=True)
@@ -134,21 +150,79 @@ def leak_sweep(store: Store, questions: Mapping[str, Sequence[str]], *, k: int =
             store.reader = KeyReader(store) if guard.keys else None
             store.code_filter = guard.code_filter
             result = results[name] = SweepResult(name, guard.description)
-            for tenant, queries in plan.items():
-                for query in queries:
-                    hits = recall(store, tenant, query, k=k, mode=mode, include_superseded=include_superseded,
-                                  touch=False).hits
+            ask = ask_over_mcp if guard.mcp else ask_in_process
+            for tenant, answers in ask(store, plan, k=k, mode=mode, include_superseded=include_superseded,
+                                       done=bar.update).items():
+                for query, seen in zip(plan[tenant], answers, strict=True):
                     result.queries += 1
-                    result.hits += len(hits)
-                    for hit in hits:
-                        if hit.user_id is None:
+                    result.hits += len(seen)
+                    for hit in seen:
+                        if hit.owner is None:
                             result.catalog += 1
-                        elif hit.user_id == tenant:
+                        elif hit.owner == tenant:
                             result.own += 1
                         else:
-                            result.leaks.append(Leak(tenant, query[:80], hit.id, hit.user_id, hit.text[:120]))
-                    bar.update()
+                            result.leaks.append(Leak(tenant, query[:80], hit.id, hit.owner, hit.text[:120]))
     finally:
         store.reader, store.code_filter = saved
         bar.close()
     return LeakReport(results)
+
+
+Answers = dict[str, list[list[Seen]]]
+
+
+def ask_in_process(store: Store, plan: Mapping[str, Sequence[str]], *, k: int, mode: C.RecallMode,
+                   include_superseded: bool, done: Callable[[], object]) -> Answers:
+    """Each tenant's queries through `recall`, as the store is configured."""
+    answers: Answers = {}
+    for tenant, queries in plan.items():
+        answers[tenant] = []
+        for query in queries:
+            hits = recall(store, tenant, query, k=k, mode=mode, include_superseded=include_superseded, touch=False).hits
+            answers[tenant].append([Seen(h.id, h.user_id, h.text) for h in hits])
+            done()
+    return answers
+
+
+def ask_over_mcp(store: Store, plan: Mapping[str, Sequence[str]], *, k: int, mode: C.RecallMode,
+                 include_superseded: bool, done: Callable[[], object]) -> Answers:
+    """Each tenant's queries as `recall_memory` calls to the MCP server over HTTP, with a token issued to
+    that tenant for the sweep (revoked after). The tool's answer carries no owner, so each hit's owner
+    is looked up afterwards by id with the service credential. `mode` is the server's (the default)."""
+    tokens = {tenant: issue_token(store, tenant).secret for tenant in plan}
+    arguments = {"k": k, "include_superseded": include_superseded}
+    try:
+        with BackgroundServer(create_app(store)) as server:
+            memories = {tenant: anyio.run(_recall_remote, server.url(tenant), tokens[tenant], queries, arguments, done)
+                        for tenant, queries in plan.items()}
+    finally:
+        for tenant in plan:
+            revoke_tokens(store, tenant)
+    owners = owners_of(store, [m["id"] for answers in memories.values() for hits in answers for m in hits])
+    return {tenant: [[Seen(m["id"], owners.get(m["id"], "(not found)"), m["text"]) for m in hits] for hits in answers]
+            for tenant, answers in memories.items()}
+
+
+async def _recall_remote(url: str, token: str, queries: Sequence[str], arguments: dict,
+                         done: Callable[[], object]) -> list[list[dict]]:
+    out = []
+    async with open_client(url, token) as session:
+        for query in queries:
+            result = await session.call_tool("recall_memory", {"query": query, **arguments})
+            if result.is_error or result.structured_content is None:
+                raise AtlasError(f"recall_memory over MCP failed: {result.content}")
+            out.append(result.structured_content["memories"])
+            done()
+    return out
+
+
+def owners_of(store: Store, ids: Sequence[str]) -> dict[str, str | None]:
+    """{id: user_id, None for an ownerless (catalog) document} of the prefix's documents, read with the service
+    credential; an id found nowhere is absent."""
+    unique = sorted(set(ids))
+    if not unique:
+        return {}
+    hits = store.es.search(index=",".join(all_indices(store.prefix)), query={"ids": {"values": unique}},
+                           size=len(unique), source_includes=["user_id"], ignore_unavailable=True)["hits"]["hits"]
+    return {h["_id"]: h["_source"].get("user_id") for h in hits}
