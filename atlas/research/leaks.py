@@ -10,6 +10,7 @@ server over HTTP, each tenant holding only their Atlas token, as a tenant really
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import anyio
@@ -193,8 +194,10 @@ def ask_over_mcp(store: Store, plan: Mapping[str, Sequence[str]], *, k: int, mod
     tokens = {tenant: issue_token(store, tenant).secret for tenant in plan}
     arguments = {"k": k, "include_superseded": include_superseded}
     try:
-        with BackgroundServer(create_app(store)) as server:
-            memories = {tenant: anyio.run(_recall_remote, server.url(tenant), tokens[tenant], queries, arguments, done)
+        # In a thread of its own: the caller may already run an event loop (a notebook does).
+        with BackgroundServer(create_app(store)) as server, ThreadPoolExecutor(max_workers=1) as pool:
+            memories = {tenant: pool.submit(anyio.run, _recall_remote, server.url(tenant), tokens[tenant], queries,
+                                            arguments, done).result()
                         for tenant, queries in plan.items()}
     finally:
         for tenant in plan:
