@@ -8,6 +8,10 @@ ATLAS := $(VENV)/bin/atlas
 export ATLAS_HOME := $(CURDIR)
 # Offline by construction: no model hub is ever asked for weights.
 export HF_HUB_OFFLINE := 1
+# `make es-up NODES=3`: a local cluster of that many nodes (every `es-*` target takes it).
+ifdef NODES
+export ATLAS_ES_NODES := $(NODES)
+endif
 
 .PHONY: run test lint setup es-up es-down es-reset es-status notebooks nbval pytest eval bench serve clean
 

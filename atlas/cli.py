@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from atlas.core import constants as C
+from atlas.core.config import Settings, load_settings
 from atlas.core.errors import AtlasError
 from atlas.ops import cluster
 
@@ -29,36 +30,48 @@ def _fail(exc: AtlasError) -> None:
     raise typer.Exit(code=1)
 
 
+#: `--nodes` of the `atlas es` commands: the local cluster they act on (ATLAS_ES_NODES, else one node).
+NODES_OPTION = typer.Option(None, "--nodes", min=1, help="nodes of the local cluster (default: ATLAS_ES_NODES or 1)")
+
+
+def _local_settings(nodes: int | None) -> Settings:
+    return load_settings(es_nodes=nodes) if nodes else load_settings()
+
+
 @es_app.command("up")
-def es_up() -> None:
-    """Fetch, configure and start the local node; wait until it answers."""
+def es_up(nodes: int | None = NODES_OPTION) -> None:
+    """Fetch, configure and start the local node (or nodes); wait until they answer as one cluster."""
+    settings = _local_settings(nodes)
     try:
-        creds = cluster.up()
+        creds = cluster.up(settings)
     except AtlasError as exc:
         _fail(exc)
-    typer.echo(f"Elasticsearch {cluster.ES_VERSION} is up at {creds['url']}")
-    typer.echo(f"  user: {creds['username']}  password: in {cluster.load_settings().local_credentials_path}")
-    typer.echo("  try:  curl -u elastic:$(python -c \"import json;print(json.load(open('.atlas/elastic.json'))"
+    path = settings.local_credentials_path
+    typer.echo(f"Elasticsearch {cluster.ES_VERSION} is up at {', '.join(settings.node_urls)} "
+               f"({settings.cluster_name}, {settings.shards} shard(s) and {settings.replicas} replica(s) per index)")
+    typer.echo(f"  user: {creds['username']}  password: in {path}")
+    typer.echo(f"  try:  curl -u elastic:$(python -c \"import json;print(json.load(open('{path}'))"
                f"['password'])\") {creds['url']}/_cluster/health")
 
 
 @es_app.command("down")
-def es_down(hard: bool = typer.Option(False, help="SIGKILL instead of SIGTERM")) -> None:
-    """Stop the local node by its PID (idempotent)."""
-    typer.echo("stopped" if cluster.down(hard=hard) else "not running")
+def es_down(hard: bool = typer.Option(False, help="SIGKILL instead of SIGTERM"),
+            nodes: int | None = NODES_OPTION) -> None:
+    """Stop the local node (or every node of the cluster) by its PID (idempotent)."""
+    typer.echo("stopped" if cluster.down(_local_settings(nodes), hard=hard) else "not running")
 
 
 @es_app.command("reset")
-def es_reset() -> None:
-    """Stop the local node and wipe its data and logs (idempotent)."""
-    cluster.reset()
-    typer.echo("local node stopped and its data wiped")
+def es_reset(nodes: int | None = NODES_OPTION) -> None:
+    """Stop the local node (or nodes) and wipe its data and logs (idempotent)."""
+    cluster.reset(_local_settings(nodes))
+    typer.echo("local cluster stopped and its data wiped")
 
 
 @es_app.command("status")
-def es_status() -> None:
-    """Whether the local node runs and answers."""
-    typer.echo(json.dumps(cluster.status(), indent=2))
+def es_status(nodes: int | None = NODES_OPTION) -> None:
+    """Whether the local node (or each node of the cluster) runs and answers."""
+    typer.echo(json.dumps(cluster.status(_local_settings(nodes)), indent=2))
 
 
 model_app = typer.Typer(help="Local models that are built at install time.", no_args_is_help=True)

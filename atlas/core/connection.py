@@ -20,7 +20,10 @@ CLIENT_MAJOR = int(elasticsearch.__versionstr__.split(".")[0])
 
 
 def client_options(settings: Settings) -> dict:
-    """URL, credentials and CA of the service credential (the local node's `elastic`, or ES_*)."""
+    """URLs, credentials and CA of the service credential (the local node's `elastic`, or ES_*).
+
+    A local multi-node cluster gives every node's URL: the client spreads requests over them and
+    moves on from a node that stops answering."""
     if settings.local:
         creds = read_secret(settings.local_credentials_path)
         if creds is None:
@@ -28,7 +31,7 @@ def client_options(settings: Settings) -> dict:
                 f"no local cluster credentials in {settings.local_credentials_path}: run `make es-up` "
                 "(or `atlas es up`), or set ES_URL to use another cluster"
             )
-        return {"hosts": [settings.url], "basic_auth": (creds["username"], creds["password"])}
+        return {"hosts": settings.node_urls, "basic_auth": (creds["username"], creds["password"])}
     options: dict = {"hosts": [settings.es_url]}
     if settings.es_api_key:
         options["api_key"] = settings.es_api_key
