@@ -83,14 +83,14 @@ def test_connect_reports_a_9x_server(es):
 
 
 def test_render_config_is_single_node_secure_trial(tmp_path):
-    text = cluster.render_config(cluster.LocalNode(tmp_path), load_settings(home=tmp_path, es_port=9333))
+    text = cluster.render_config(cluster.LocalNode(tmp_path), load_settings(home=tmp_path, es_nodes=1, es_port=9333))
     for line in ("network.host: 127.0.0.1", "http.port: 9333", "discovery.type: single-node",
                  "xpack.security.enabled: true", "xpack.license.self_generated.type: trial"):
         assert line in text
 
 
 def test_three_nodes_have_own_ports_folders_and_one_cluster(tmp_path):
-    settings = load_settings(home=tmp_path, es_nodes=3)
+    settings = load_settings(home=tmp_path, es_nodes=3, es_port=9201, es_transport_port=9301)
     nodes = cluster.nodes_for(settings)
     texts = [cluster.render_config(node, settings) for node in nodes]
     assert len({node.data for node in nodes}) == 3 and len({node.dist for node in nodes}) == 1
@@ -100,4 +100,4 @@ def test_three_nodes_have_own_ports_folders_and_one_cluster(tmp_path):
         assert "discovery.type" not in text and "cluster.name: atlas-local-3" in text
         assert "discovery.seed_hosts: [127.0.0.1:9301, 127.0.0.1:9302, 127.0.0.1:9303]" in text
     assert (settings.shards, settings.replicas, settings.es_heap) == (3, 1, "512m")
-    assert settings.secrets_dir != load_settings(home=tmp_path).secrets_dir
+    assert settings.secrets_dir != load_settings(home=tmp_path, es_nodes=1).secrets_dir

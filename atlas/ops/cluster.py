@@ -333,6 +333,14 @@ def _log_tail(node: LocalNode, settings: Settings, lines: int = 30) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.is_file() else "(no log yet)"
 
 
+def node_number(settings: Settings, name: str) -> int:
+    """The number (1..N) of the local node called `name` (as `_cat/nodes` and `_search_shards` say)."""
+    for node in nodes_for(settings):
+        if node.name(settings) == name:
+            return node.number
+    raise ClusterError(f"no local node is called {name!r} in {settings.cluster_name}")
+
+
 def _pick(settings: Settings, numbers: Iterable[int] | None) -> list[LocalNode]:
     """The nodes numbered `numbers` (1..N), or all of them."""
     nodes = nodes_for(settings)
