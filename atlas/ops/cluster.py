@@ -387,7 +387,8 @@ def _start(node: LocalNode, settings: Settings, java_home: Path, creds: dict) ->
     node.root.mkdir(parents=True, exist_ok=True)
     env = configure(node, settings, java_home, creds["password"])
     cmd = [str(node.dist / "bin" / "elasticsearch"), "-d", "-p", str(node.pidfile)]
-    done = _run_as_es(cmd, env, capture_output=True, text=True)
+    # A session of its own: the node outlives its starter (a notebook kernel is shut down with its process group).
+    done = _run_as_es(cmd, env, capture_output=True, text=True, start_new_session=True)
     if done.returncode != 0:
         raise ClusterError(f"{node.name(settings)} did not start:\n{done.stderr[-3000:]}\n{_log_tail(node, settings)}")
 
