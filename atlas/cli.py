@@ -291,6 +291,29 @@ def bench_cmd(quick: bool = typer.Option(False, "--quick", help="1k and 10k memo
     typer.echo(f"\nwrote {results_path(outputs, results['meta']['plan']['name'])} and figures in {outputs / 'figures'}")
 
 
+@app.command("bench-nodes")
+def bench_nodes_cmd(nodes: int = typer.Option(3, "--nodes", min=2, help="nodes of the local cluster to compare"),
+                    smoke: bool = typer.Option(False, "--smoke", help="2k memories, a few repetitions"),
+                    scale: int | None = typer.Option(None, help="memories in the corpus (default: the plan's, 100k)"),
+                    progress: bool = typer.Option(True, help="progress bars on stderr")) -> None:
+    """The local single node, then the local N-node cluster, on the same 100k memories (bench-nodes.json)."""
+    from dataclasses import replace
+
+    from atlas.research.bench import check_scales
+    from atlas.research.cluster_bench import NODES, NODES_SMOKE, nodes_results_path, nodes_tables, run_nodes
+
+    plan = NODES_SMOKE if smoke else NODES
+    if scale is not None:
+        plan = replace(plan, scale=check_scales([scale])[0])
+    try:
+        results = run_nodes(nodes=nodes, plan=plan, progress=progress)
+    except AtlasError as exc:
+        _fail(exc)
+    for shown in nodes_tables(results):
+        typer.echo(shown.to_markdown())
+    typer.echo(f"\nwrote {nodes_results_path(load_settings(es_nodes=nodes).outputs_dir, plan.name)}")
+
+
 eval_app = typer.Typer(help="Retrieval evaluation, checked against results/expected.json (docs/evaluation.md).",
                        no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
