@@ -8,8 +8,12 @@ ATLAS := $(VENV)/bin/atlas
 export ATLAS_HOME := $(CURDIR)
 # Offline by construction: no model hub is ever asked for weights.
 export HF_HUB_OFFLINE := 1
+# `make es-up NODES=3`: a local cluster of that many nodes (every `es-*` target takes it).
+ifdef NODES
+export ATLAS_ES_NODES := $(NODES)
+endif
 
-.PHONY: run test lint setup es-up es-down es-reset es-status notebooks nbval pytest eval bench serve clean
+.PHONY: run test test-cluster lint setup es-up es-down es-reset es-status notebooks nbval pytest eval bench serve clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -52,7 +56,17 @@ lint: setup
 # committed ones.
 test: lint es-up
 	$(PY) -m pytest tests -q
-	$(PY) -m pytest --nbval notebooks --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider -q
+	$(PY) -m pytest --nbval notebooks --ignore=notebooks/cluster --nbval-sanitize-with notebooks/sanitize.cfg \
+		-p no:cacheprovider -q
+
+# The local three-node cluster (docs/elasticsearch.md): start it beside the single node, run the cluster tests
+# (routing, node loss, rolling restart) and the cluster notebook (nbval), stop it, pass or fail.
+test-cluster: setup
+	@status=0; export ATLAS_ES_NODES=3; \
+	$(ATLAS) es up && $(PY) -m pytest tests/test_multinode.py -q && \
+	$(PY) -m pytest --nbval notebooks/cluster --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider -q \
+	|| status=$$?; \
+	$(ATLAS) es down; exit $$status
 
 eval: es-up
 	$(ATLAS) eval persona

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from atlas.core import constants as C
+from atlas.core.config import Settings, load_settings
 from atlas.core.errors import AtlasError
 from atlas.ops import cluster
 
@@ -29,38 +30,49 @@ def _fail(exc: AtlasError) -> None:
     raise typer.Exit(code=1)
 
 
+#: `--nodes` of the `atlas es` commands: the local cluster they act on (ATLAS_ES_NODES, else one node).
+NODES_OPTION = typer.Option(None, "--nodes", min=1, help="nodes of the local cluster (default: ATLAS_ES_NODES or 1)")
+
+
+def _local_settings(nodes: int | None) -> Settings:
+    return load_settings(es_nodes=nodes) if nodes else load_settings()
+
+
 @es_app.command("up")
-def es_up() -> None:
-    """Fetch, configure and start the local node; wait until it answers."""
+def es_up(nodes: int | None = NODES_OPTION) -> None:
+    """Fetch, configure and start the local node (or nodes); wait until they answer as one cluster."""
+    settings = _local_settings(nodes)
     try:
-        creds = cluster.up()
+        creds = cluster.up(settings)
     except AtlasError as exc:
         _fail(exc)
-    settings = cluster.load_settings()
-    typer.echo(f"Elasticsearch {cluster.ES_VERSION} is up at {creds['url']}")
+    path = settings.local_credentials_path
+    typer.echo(f"Elasticsearch {cluster.ES_VERSION} is up at {', '.join(settings.node_urls)} "
+               f"({settings.cluster_name}, {settings.shards} shard(s) and {settings.replicas} replica(s) per index)")
     typer.echo(f"  Atlas connects as {settings.service_user} (least privilege): {settings.service_credentials_path}")
-    typer.echo(f"  operator (superuser, set-up only): {creds['username']}: {settings.local_credentials_path}")
-    typer.echo("  try:  curl -u elastic:$(python -c \"import json;print(json.load(open('.atlas/elastic.json'))"
+    typer.echo(f"  operator (superuser, set-up only): {creds['username']}: {path}")
+    typer.echo(f"  try:  curl -u elastic:$(python -c \"import json;print(json.load(open('{path}'))"
                f"['password'])\") {creds['url']}/_cluster/health")
 
 
 @es_app.command("down")
-def es_down(hard: bool = typer.Option(False, help="SIGKILL instead of SIGTERM")) -> None:
-    """Stop the local node by its PID (idempotent)."""
-    typer.echo("stopped" if cluster.down(hard=hard) else "not running")
+def es_down(hard: bool = typer.Option(False, help="SIGKILL instead of SIGTERM"),
+            nodes: int | None = NODES_OPTION) -> None:
+    """Stop the local node (or every node of the cluster) by its PID (idempotent)."""
+    typer.echo("stopped" if cluster.down(_local_settings(nodes), hard=hard) else "not running")
 
 
 @es_app.command("reset")
-def es_reset() -> None:
-    """Stop the local node and wipe its data and logs (idempotent)."""
-    cluster.reset()
-    typer.echo("local node stopped and its data wiped")
+def es_reset(nodes: int | None = NODES_OPTION) -> None:
+    """Stop the local node (or nodes) and wipe its data and logs (idempotent)."""
+    cluster.reset(_local_settings(nodes))
+    typer.echo("local cluster stopped and its data wiped")
 
 
 @es_app.command("status")
-def es_status() -> None:
-    """Whether the local node runs and answers."""
-    typer.echo(json.dumps(cluster.status(), indent=2))
+def es_status(nodes: int | None = NODES_OPTION) -> None:
+    """Whether the local node (or each node of the cluster) runs and answers."""
+    typer.echo(json.dumps(cluster.status(_local_settings(nodes)), indent=2))
 
 
 model_app = typer.Typer(help="Local models that are built at install time.", no_args_is_help=True)
@@ -316,6 +328,29 @@ def bench_cmd(quick: bool = typer.Option(False, "--quick", help="1k and 10k memo
         _fail(exc)
     typer.echo(render_markdown(results))
     typer.echo(f"\nwrote {results_path(outputs, results['meta']['plan']['name'])} and figures in {outputs / 'figures'}")
+
+
+@app.command("bench-nodes")
+def bench_nodes_cmd(nodes: int = typer.Option(3, "--nodes", min=2, help="nodes of the local cluster to compare"),
+                    smoke: bool = typer.Option(False, "--smoke", help="2k memories, a few repetitions"),
+                    scale: int | None = typer.Option(None, help="memories in the corpus (default: the plan's, 100k)"),
+                    progress: bool = typer.Option(True, help="progress bars on stderr")) -> None:
+    """The local single node, then the local N-node cluster, on the same 100k memories (bench-nodes.json)."""
+    from dataclasses import replace
+
+    from atlas.research.bench import check_scales
+    from atlas.research.cluster_bench import NODES, NODES_SMOKE, nodes_results_path, nodes_tables, run_nodes
+
+    plan = NODES_SMOKE if smoke else NODES
+    if scale is not None:
+        plan = replace(plan, scale=check_scales([scale])[0])
+    try:
+        results = run_nodes(nodes=nodes, plan=plan, progress=progress)
+    except AtlasError as exc:
+        _fail(exc)
+    for shown in nodes_tables(results):
+        typer.echo(shown.to_markdown())
+    typer.echo(f"\nwrote {nodes_results_path(load_settings(es_nodes=nodes).outputs_dir, plan.name)}")
 
 
 eval_app = typer.Typer(help="Retrieval evaluation, checked against results/expected.json (docs/evaluation.md).",

@@ -66,3 +66,31 @@ def test_token_check_is_measured_with_and_without_the_cache(tstore) -> None:
     for name in ("cached", "no cache"):
         assert out[name]["n"] == 40 and 0 < out[name]["p50_ms"] <= out[name]["p95_ms"] <= out[name]["p99_ms"]
     assert measure_token_check(replace(tstore, provision=None), users, 40, random.Random(0)) is None
+
+
+def _cluster_result(*, p50: float, write: float, ingest: float, replicas: int, heap_mb: float) -> dict:
+    return {"nodes": 1 + 2 * replicas, "shards": 1 + 2 * replicas, "replicas": replicas, "ingest_per_s": ingest,
+            "recall": {"bm25": {"p50_ms": p50, "p95_ms": 2 * p50}},
+            "write": {"true": {"p50_ms": write, "p95_ms": 2 * write}},
+            "index_size": {"docs": 1000, "bytes": 4_000_000, "bytes_all_copies": 4_000_000 * (1 + replicas)},
+            "memory": {"es": {"n1": {"heap_used_mb": heap_mb}}}}
+
+
+def test_nodes_comparison_ratios_and_sizing() -> None:
+    """Ratios are cluster / single node; a node's capacity is the smaller of what its RAM and disk hold."""
+    from atlas.research.cluster_bench import node_capacity, per_memory, ratios, scaling_tables, vector_bytes
+
+    results = {"clusters": {"1 node": _cluster_result(p50=10, write=50, ingest=1000, replicas=0, heap_mb=100),
+                            "3 nodes": _cluster_result(p50=25, write=60, ingest=500, replicas=1, heap_mb=300)}}
+    got = ratios(results)
+    assert got["recall bm25 p50"] == 2.5 and got["write p95"] == pytest.approx(1.2) and got["ingest rate"] == 0.5
+    figures = per_memory(results["clusters"]["3 nodes"])
+    assert figures == {"disk_bytes": 4000, "disk_bytes_all_copies": 8000, "heap_bytes": 300 * 2**20 / 1000}
+    assert vector_bytes(768) == 3120
+    small = node_capacity(8, 200, figures=figures, dims=768, replicas=1)
+    assert small["heap_gib"] == 4 and small["by_vectors"] == pytest.approx(4 * 2**30 / 3120 / 2)
+    assert small["by_disk"] == pytest.approx(200 * 2**30 * 0.85 / 4000 / 2)
+    assert small["memories"] == min(small["by_vectors"], small["by_disk"])
+    assert node_capacity(128, 100, figures=figures, dims=768, replicas=1)["heap_gib"] == 31
+    nodes, shards = scaling_tables(results, dims=768)
+    assert len(nodes.rows) == 4 and len(shards.rows) == 3

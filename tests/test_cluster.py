@@ -22,17 +22,17 @@ def test_up_is_idempotent_and_status_answers():
     before = cluster.status()
     creds = cluster.up()
     after = cluster.status()
-    assert after["answering"] and after["pid"] == before["pid"]
+    assert after["answering"] and [n["pid"] for n in after["nodes"]] == [n["pid"] for n in before["nodes"]]
     assert creds["url"] == after["url"]
 
 
 @local_only
 def test_node_never_runs_as_root():
-    pid = cluster.status()["pid"]
-    owner = pwd.getpwuid(os.stat(f"/proc/{pid}").st_uid).pw_name
-    assert owner != "root"
-    if os.geteuid() == 0:
-        assert owner == cluster.ES_USER
+    for node in cluster.status()["nodes"]:
+        owner = pwd.getpwuid(os.stat(f"/proc/{node['pid']}").st_uid).pw_name
+        assert owner != "root"
+        if os.geteuid() == 0:
+            assert owner == cluster.ES_USER
 
 
 @local_only
@@ -83,7 +83,21 @@ def test_connect_reports_a_9x_server(es):
 
 
 def test_render_config_is_single_node_secure_trial(tmp_path):
-    text = cluster.render_config(cluster.LocalNode(tmp_path), load_settings(home=tmp_path, es_port=9333))
+    text = cluster.render_config(cluster.LocalNode(tmp_path), load_settings(home=tmp_path, es_nodes=1, es_port=9333))
     for line in ("network.host: 127.0.0.1", "http.port: 9333", "discovery.type: single-node",
                  "xpack.security.enabled: true", "xpack.license.self_generated.type: trial"):
         assert line in text
+
+
+def test_three_nodes_have_own_ports_folders_and_one_cluster(tmp_path):
+    settings = load_settings(home=tmp_path, es_nodes=3, es_port=9201, es_transport_port=9301)
+    nodes = cluster.nodes_for(settings)
+    texts = [cluster.render_config(node, settings) for node in nodes]
+    assert len({node.data for node in nodes}) == 3 and len({node.dist for node in nodes}) == 1
+    assert [f"http.port: {9201 + i}" in text and f"transport.port: {9301 + i}" in text
+            for i, text in enumerate(texts)] == [True] * 3
+    for text in texts:
+        assert "discovery.type" not in text and "cluster.name: atlas-local-3" in text
+        assert "discovery.seed_hosts: [127.0.0.1:9301, 127.0.0.1:9302, 127.0.0.1:9303]" in text
+    assert (settings.shards, settings.replicas, settings.es_heap) == (3, 1, "512m")
+    assert settings.secrets_dir != load_settings(home=tmp_path, es_nodes=1).secrets_dir

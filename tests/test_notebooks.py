@@ -17,15 +17,18 @@ from atlas.notebook.runner import KERNEL, discover, run_notebook, unique_prefix
 pytestmark = [pytest.mark.notebooks, pytest.mark.cluster]
 
 NOTEBOOKS = discover(Path(__file__).resolve().parents[1] / "notebooks")
+#: Notebooks that need the local three-node cluster: run by `make test-cluster` (nbval), checked here for form only.
+CLUSTER_NOTEBOOKS = discover(Path(__file__).resolve().parents[1] / "notebooks" / "cluster")
+ALL = NOTEBOOKS + CLUSTER_NOTEBOOKS
 
 
 def test_notebooks_are_found():
-    assert NOTEBOOKS, "no notebooks/NN_*.ipynb found"
-    numbers = [p.name[:2] for p in NOTEBOOKS]
+    assert NOTEBOOKS and CLUSTER_NOTEBOOKS, "no notebooks/NN_*.ipynb or notebooks/cluster/NN_*.ipynb found"
+    numbers = [p.name[:2] for p in ALL]
     assert len(numbers) == len(set(numbers)), f"notebook numbers must be unique: {numbers}"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])
 def test_notebook_follows_conventions(path):
     """Title first, a `parameters` cell with the conventional names, a cleanup cell last."""
     nb = nbformat.read(path, as_version=4)
@@ -39,7 +42,7 @@ def test_notebook_follows_conventions(path):
     assert ".drop()" in last_code.source or "drop_indices" in last_code.source, "the last code cell drops the prefix"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])
 def test_committed_outputs_hold_no_progress_bars(path):
     """Whether a bar is drawn depends on the embedding cache, so nbval would see one output more or fewer.
 

@@ -120,8 +120,9 @@ def build_episodes_query(user_id: str, watermark: Watermark) -> dict:
 
 def _search(store: Store, user_id: str, memory_type: C.MemoryType, query: dict, size: int,
             sort: list | None = None) -> list[dict]:
-    resp = store.read_client(user_id).search(index=index_name(store.prefix, memory_type), query=query, size=size,
-                                             sort=sort, source_excludes=list(VECTOR_FIELDS), ignore_unavailable=True)
+    resp = store.read_client(user_id).search(index=index_name(store.prefix, memory_type), routing=user_id,
+                                             query=query, size=size, sort=sort, source_excludes=list(VECTOR_FIELDS),
+                                             ignore_unavailable=True)
     return resp["hits"]["hits"]
 
 
@@ -134,7 +135,7 @@ def new_episodes(store: Store, user_id: str, watermark: Watermark, limit: int) -
 
 def count_new_episodes(store: Store, user_id: str) -> int:
     query = build_episodes_query(check_user(user_id), read_watermark(store, user_id))
-    return store.read_client(user_id).count(index=index_name(store.prefix, "episodic"), query=query,
+    return store.read_client(user_id).count(index=index_name(store.prefix, "episodic"), routing=user_id, query=query,
                                             ignore_unavailable=True)["count"]
 
 
@@ -364,7 +365,7 @@ def new_plan(store: Store, user_id: str, proposer: str, actions: list[dict], sta
 def _find_written(store: Store, user_id: str, key: str) -> str | None:
     indices = ",".join(index_name(store.prefix, t) for t in ("semantic", "procedural"))
     store.es.indices.refresh(index=indices)
-    hits = store.es.search(index=indices, query={"bool": {"filter": [{"term": {"source_key": key}},
+    hits = store.es.search(index=indices, routing=user_id, query={"bool": {"filter": [{"term": {"source_key": key}},
                                                                       {"term": {"user_id": user_id}}]}},
                            size=1, source=False)["hits"]["hits"]
     return hits[0]["_id"] if hits else None
@@ -451,7 +452,7 @@ def _undo_step(store: Store, user_id: str, action: dict, entry: dict) -> None:
             continue
         if old.source.get("superseded_by") == written.id:
             update_owned(store, user_id, old, _unmarking(written.id), refresh=store.refresh)
-    store.es.delete(index=written.index, id=written.id, refresh=store.refresh)
+    store.es.delete(index=written.index, id=written.id, routing=written.routing, refresh=store.refresh)
 
 
 def _unmarking(new_id: str) -> Callable[[dict], dict]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from atlas.core import constants as C
 from atlas.core.constants import DEFAULT_EMBEDDER, DEFAULT_INDEX_PREFIX, DEFAULT_RERANKER, SERVICE_PRINCIPAL
 
 #: The checkout the package runs from (an editable install): its data/, results/ and es-plugin/.
@@ -43,8 +44,15 @@ class Settings:
     es_username: str | None = None
     es_password: str | None = None
     es_ca_certs: str | None = None
-    es_port: int = 9200
-    es_heap: str = "1g"
+    #: Nodes of the local cluster (`atlas es up --nodes N`); node i listens on es_port + i - 1.
+    es_nodes: int = 1
+    es_port: int = C.SINGLE_NODE_HTTP_PORT
+    es_transport_port: int = C.CLUSTER_TRANSPORT_PORT
+    #: Heap of each local node.
+    es_heap: str = C.SINGLE_NODE_HEAP
+    #: Primary shards and replicas of each memory index (the catalog has `C.CATALOG_SHARDS`).
+    shards: int = C.SINGLE_NODE_SHARDS
+    replicas: int = C.SINGLE_NODE_REPLICAS
     index_prefix: str = DEFAULT_INDEX_PREFIX
     #: Name of Atlas's service user and of its role (`atlas.ops.service`).
     service_user: str = SERVICE_PRINCIPAL
@@ -57,9 +65,16 @@ class Settings:
     llm_model: str | None = None
 
     @property
+    def cluster_name(self) -> str:
+        """Name of the local cluster: `atlas-local`, or `atlas-local-N` for N nodes."""
+        return "atlas-local" if self.es_nodes == 1 else f"atlas-local-{self.es_nodes}"
+
+    @property
     def secrets_dir(self) -> Path:
-        """Git-ignored folder of credentials (0700; files 0600)."""
-        return self.home / ".atlas"
+        """Git-ignored folder of credentials (0700; files 0600). A local multi-node cluster has its own
+        (its password, user keys and tokens are not the single node's)."""
+        root = self.home / ".atlas"
+        return root if self.es_nodes == 1 else root / self.cluster_name
 
     @property
     def local_credentials_path(self) -> Path:
@@ -75,8 +90,16 @@ class Settings:
 
     @property
     def es_dir(self) -> Path:
-        """Git-ignored folder of the local node: distribution, config, data, logs, pid."""
+        """Git-ignored folder of the local node: distribution, config, data, logs, pid (a multi-node
+        cluster keeps one folder per node under it, see `atlas.ops.cluster.nodes_for`)."""
         return Path(os.environ["ATLAS_ES_DIR"]) if os.environ.get("ATLAS_ES_DIR") else self.home / ".es"
+
+    @property
+    def node_urls(self) -> list[str]:
+        """HTTP address of every node the client may use: ES_URL, or each local node."""
+        if self.es_url:
+            return [self.es_url]
+        return [f"http://127.0.0.1:{self.es_port + i}" for i in range(self.es_nodes)]
 
     @property
     def cache_dir(self) -> Path:
@@ -104,9 +127,13 @@ class Settings:
 
 def load_settings(**overrides: object) -> Settings:
     """Settings from the environment (ES_URL, ES_API_KEY, ES_USERNAME, ES_PASSWORD, ES_CA_CERTS,
-    ATLAS_ES_PORT, ATLAS_ES_HEAP, ATLAS_INDEX_PREFIX, ATLAS_SERVICE_USER, ATLAS_EMBEDDER, ATLAS_RERANKER,
-    OPENAI_BASE_URL, OPENAI_API_KEY, ATLAS_LLM_MODEL), then keyword overrides."""
+    ATLAS_ES_NODES, ATLAS_ES_PORT, ATLAS_ES_TRANSPORT_PORT, ATLAS_ES_HEAP, ATLAS_SHARDS, ATLAS_REPLICAS,
+    ATLAS_INDEX_PREFIX, ATLAS_SERVICE_USER, ATLAS_EMBEDDER, ATLAS_RERANKER, OPENAI_BASE_URL, OPENAI_API_KEY,
+    ATLAS_LLM_MODEL), then keyword overrides. Ports, heap, shards and replicas default by the number of local
+    nodes."""
     env = os.environ.get
+    nodes = int(str(overrides.get("es_nodes") or env("ATLAS_ES_NODES", "1")))
+    single = nodes == 1
     values: dict[str, Any] = {  # each a field of `Settings`, of that field's type
         "home": _find_home(),
         "es_url": env("ES_URL") or None,
@@ -114,8 +141,12 @@ def load_settings(**overrides: object) -> Settings:
         "es_username": env("ES_USERNAME") or None,
         "es_password": env("ES_PASSWORD") or None,
         "es_ca_certs": env("ES_CA_CERTS") or None,
-        "es_port": int(env("ATLAS_ES_PORT", "9200")),
-        "es_heap": env("ATLAS_ES_HEAP", "1g"),
+        "es_nodes": nodes,
+        "es_port": int(env("ATLAS_ES_PORT", C.SINGLE_NODE_HTTP_PORT if single else C.CLUSTER_HTTP_PORT)),
+        "es_transport_port": int(env("ATLAS_ES_TRANSPORT_PORT", C.CLUSTER_TRANSPORT_PORT)),
+        "es_heap": env("ATLAS_ES_HEAP", C.SINGLE_NODE_HEAP if single else C.CLUSTER_HEAP),
+        "shards": int(env("ATLAS_SHARDS", C.SINGLE_NODE_SHARDS if single else nodes)),
+        "replicas": int(env("ATLAS_REPLICAS", C.SINGLE_NODE_REPLICAS if single else C.CLUSTER_REPLICAS)),
         "index_prefix": env("ATLAS_INDEX_PREFIX", DEFAULT_INDEX_PREFIX),
         "service_user": env("ATLAS_SERVICE_USER", SERVICE_PRINCIPAL),
         "embedder": env("ATLAS_EMBEDDER", DEFAULT_EMBEDDER),

@@ -20,11 +20,13 @@ CLIENT_MAJOR = int(elasticsearch.__versionstr__.split(".")[0])
 
 
 def client_options(settings: Settings, *, operator: bool = False) -> dict:
-    """URL, credentials and CA of Atlas's service credential, or with `operator` of the operator's.
+    """URLs, credentials and CA of Atlas's service credential, or with `operator` of the operator's.
 
     The service credential is the least-privilege user that `atlas es up` (local node) or
     `atlas service create` (any cluster) made, unless ES_API_KEY / ES_USERNAME name another. The
-    operator's is the local node's `elastic`, or on another cluster whatever ES_* say.
+    operator's is the local node's `elastic`, or on another cluster whatever ES_* say. A local
+    multi-node cluster gives every node's URL: the client spreads requests over them and moves on
+    from a node that stops answering.
     """
     if settings.local:
         path = settings.local_credentials_path if operator else settings.service_credentials_path
@@ -34,7 +36,7 @@ def client_options(settings: Settings, *, operator: bool = False) -> dict:
                 f"no credentials for the local node at {settings.url} in {path}: run `make es-up` (or `atlas es up`), "
                 "which starts the node and makes Atlas's service user, or set ES_URL to use another cluster"
             )
-        return {"hosts": [settings.url], "basic_auth": (creds["username"], creds["password"])}
+        return {"hosts": settings.node_urls, "basic_auth": (creds["username"], creds["password"])}
     options: dict = {"hosts": [settings.es_url]}
     service = None if operator else read_secret(settings.service_credentials_path)
     if settings.es_api_key:

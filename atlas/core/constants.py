@@ -45,6 +45,23 @@ CONTRADICTION_MEANINGS: dict[Contradiction, str] = {
 DEFAULT_EMBEDDER = "nomic"
 DEFAULT_RERANKER = "e5"
 
+# --- the local cluster and index layout -------------------------------------------
+#: HTTP and transport port of the local single node (`ATLAS_ES_PORT`), and its heap (`ATLAS_ES_HEAP`).
+SINGLE_NODE_HTTP_PORT = 9200
+SINGLE_NODE_HEAP = "1g"
+#: A local multi-node cluster (`atlas es up --nodes N`): node i (1..N) listens on these ports + i - 1, so
+#: it runs beside the single node. Each node's heap is smaller: three of them share one machine.
+CLUSTER_HTTP_PORT = 9201
+CLUSTER_TRANSPORT_PORT = 9301
+CLUSTER_HEAP = "512m"
+#: Primary shards and replicas of each memory index, unless ATLAS_SHARDS / ATLAS_REPLICAS say:
+#: one and none on one node; on several nodes, one primary per node and one replica of each.
+SINGLE_NODE_SHARDS, SINGLE_NODE_REPLICAS = 1, 0
+CLUSTER_REPLICAS = 1
+#: The catalog is world data without an owner, read by every recall: one shard, so that a recall routed
+#: by its user still reads all of it.
+CATALOG_SHARDS = 1
+
 # --- index names ------------------------------------------------------------
 DEFAULT_INDEX_PREFIX = "atlas"
 ARCHIVE_SUFFIX = "archive"

@@ -1,9 +1,9 @@
 """Documents: the stored form of a memory and the operations every write is made of.
 
 Build a document (`build_document`) and the passages it embeds, index it with its vectors
-(`index_document`), prove a user owns one (`prove_ownership`, a read through the user's own
-client) and change it with optimistic concurrency (`update_owned`): this cluster has no script
-engine, so every change is read-modify-write with retries. `atlas.core.memory` and
+(`index_document`) on its owner's shard (`routing_of`), prove a user owns one (`prove_ownership`, a
+read through the user's own client) and change it with optimistic concurrency (`update_owned`): this
+cluster has no script engine, so every change is read-modify-write with retries. `atlas.core.memory` and
 `atlas.core.supersession` are both made of these.
 """
 
@@ -29,6 +29,19 @@ from atlas.core.validation import check_id, check_owner, check_user
 VECTOR_FIELDS = ("embedding", "rerank_embedding", "sentences")
 
 
+def routing_of(doc: Mapping) -> str | None:
+    """The routing of a stored document: its owner's `user_id`, so that all of one user's memories live on
+    one shard of each index, and a read of that user (`routing=user_id`) asks that shard only.
+
+    Every write, get, update and delete of a document passes this, and every read of a user passes
+    `routing=user_id`: a document written with a routing is found by id only with the same routing.
+    A catalog item without owner has none (routed by its id); the catalog has one shard
+    (`C.CATALOG_SHARDS`), so a search routed by a user still reads all of it.
+    """
+    owner = doc.get("user_id")
+    return owner if isinstance(owner, str) else None
+
+
 @dataclass(frozen=True)
 class Owned:
     """A document the user was shown to own, with what an OCC update needs."""
@@ -43,6 +56,10 @@ class Owned:
     def from_hit(cls, hit: dict) -> Owned:
         """From a search hit or a get response read with `seq_no_primary_term`."""
         return cls(hit["_id"], hit["_index"], hit["_source"], hit["_seq_no"], hit["_primary_term"])
+
+    @property
+    def routing(self) -> str | None:
+        return routing_of(self.source)
 
 
 def build_document(user_id: str | None, text: str, memory_type: C.MemoryType, now: datetime, **fields: object) -> dict:
@@ -97,7 +114,7 @@ def index_document(store: Store, doc: dict, *, refresh: str | None = None) -> st
     provision_users(store, [check_owner(doc)])
     embed_documents(store, [doc])
     resp = store.es.index(index=index_name(store.prefix, doc["memory_type"]), document=doc,
-                          refresh=refresh or store.refresh)
+                          routing=routing_of(doc), refresh=refresh or store.refresh)
     return resp["_id"]
 
 
@@ -120,8 +137,10 @@ def prove_ownership(store: Store, user_id: str, doc_id: str, *,
 
 
 def build_owned_query(user_id: str, doc_id: str) -> dict:
-    """The search behind `prove_ownership`: the id, filtered on its sole owner, with what OCC needs."""
-    return {"query": {"bool": {"filter": [{"ids": {"values": [doc_id]}}, build_sole_owner_filter(user_id)]}},
+    """The search behind `prove_ownership`: the id, filtered on its sole owner, with what OCC needs,
+    on the owner's shard."""
+    return {"routing": user_id,
+            "query": {"bool": {"filter": [{"ids": {"values": [doc_id]}}, build_sole_owner_filter(user_id)]}},
             "seq_no_primary_term": True, "size": 1, "_source": {"excludes": list(VECTOR_FIELDS)},
             "ignore_unavailable": True}
 
@@ -139,12 +158,13 @@ def update_owned(store: Store, user_id: str, doc: Owned, change: Callable[[dict]
     for _ in range(C.OCC_RETRIES):
         partial = change(current.source)
         try:
-            store.es.update(index=current.index, id=current.id, doc=partial, if_seq_no=current.seq_no,
-                            if_primary_term=current.primary_term, refresh=refresh)
+            store.es.update(index=current.index, id=current.id, routing=current.routing, doc=partial,
+                            if_seq_no=current.seq_no, if_primary_term=current.primary_term, refresh=refresh)
             return partial
         except ESConflict:
             try:
-                fresh = store.es.get(index=current.index, id=current.id, source_excludes=list(VECTOR_FIELDS))
+                fresh = store.es.get(index=current.index, id=current.id, routing=current.routing,
+                                     source_excludes=list(VECTOR_FIELDS))
             except NotFoundError:
                 raise NotFound(f"memory {doc.id} was deleted meanwhile") from None
             if fresh["_source"].get("user_id") != user_id:

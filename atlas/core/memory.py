@@ -24,6 +24,7 @@ from atlas.core.documents import (
     index_document,
     prove_ownership,
     provision_users,
+    routing_of,
     target_index,
     update_owned,
 )
@@ -132,7 +133,7 @@ def forget_memory(store: Store, user_id: str, doc_id: str) -> str:
     able to forget it there.
     """
     doc = prove_ownership(store, user_id, doc_id, archive=True)
-    store.es.delete(index=doc.index, id=doc.id, refresh=store.refresh)
+    store.es.delete(index=doc.index, id=doc.id, routing=doc.routing, refresh=store.refresh)
     return doc.index
 
 
@@ -149,7 +150,7 @@ def record_use(store: Store, user_id: str, hits: Sequence[Owned]) -> None:
     def bump(source: dict) -> dict:
         return {"use_count": int(source.get("use_count", 0)) + 1, "last_used_at": stamp}
 
-    ops = [{"_op_type": "update", "_index": h.index, "_id": h.id, "if_seq_no": h.seq_no,
+    ops = [{"_op_type": "update", "_index": h.index, "_id": h.id, "routing": h.routing, "if_seq_no": h.seq_no,
             "if_primary_term": h.primary_term, "doc": bump(h.source)} for h in hits]
     _, errors = helpers.bulk(store.es, ops, raise_on_error=False, refresh=False)
     # `errors` is the list of failed items (a count only with stats_only=True).
@@ -210,7 +211,7 @@ def bulk_load(store: Store, docs: Sequence[dict], *, progress: bool = True, batc
             chunk = [dict(d) for d in docs[start:start + batch]]
             try:
                 embed_documents(store, chunk)
-                ops = [{"index": {"_index": target_index(store.prefix, d),
+                ops = [{"index": {"_index": target_index(store.prefix, d), "routing": routing_of(d),
                                   **({"_id": ids[start + i]} if ids else {})}} for i, d in enumerate(chunk)]
                 body = [line for pair in zip(ops, chunk, strict=True) for line in pair]
                 resp = store.es.bulk(operations=body, refresh=False)

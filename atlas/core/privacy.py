@@ -132,7 +132,7 @@ def _revoke(scope: Scope, user_id: str) -> Revocation | None:
 
 def _delete(scope: Scope, user_id: str, hits: list[dict]) -> list[str]:
     """Delete one page with `_bulk`; the index of each document deleted (one already gone is not counted)."""
-    ops = [{"_op_type": "delete", "_index": h["_index"], "_id": h["_id"]} for h in hits]
+    ops = [{"_op_type": "delete", "_index": h["_index"], "_id": h["_id"], "routing": h.get("_routing")} for h in hits]
     done: list[str] = []
     failed: list[dict] = []
     for ok, item in helpers.streaming_bulk(scope.es, ops, raise_on_error=False, raise_on_exception=False,

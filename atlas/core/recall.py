@@ -143,9 +143,13 @@ def paths_of(mode: C.RecallMode) -> tuple[str, ...]:
 def build_recall_requests(store: Store, user_id: str, query: str, *, mode: C.RecallMode,
                           types: Sequence[C.MemoryType], include_superseded: bool, now: datetime,
                           params: ScoringParams, window: int, query_vector: Sequence[float] | None,
-                          period: Period | None = None) -> list[dict]:
-    """[{"path", "header", "body"}] of one `_msearch`: one search per retrieval path."""
-    header = {"index": recall_indices(store, types, include_superseded), "ignore_unavailable": True}
+                          period: Period | None = None, routed: bool = True) -> list[dict]:
+    """[{"path", "header", "body"}] of one `_msearch`: one search per retrieval path.
+
+    `routed` searches only the user's shard of each index (`routing=user_id`, where all of the user's
+    documents live, `documents.routing_of`); without, every shard is asked (the benchmark's comparison)."""
+    header = {"index": recall_indices(store, types, include_superseded),
+              **({"routing": user_id} if routed else {}), "ignore_unavailable": True}
     filters = build_filters(store.prefix, user_id, code_filter=store.code_filter, include_superseded=include_superseded)
     requests = []
     for path in paths_of(mode):
@@ -187,7 +191,7 @@ def settle_supersessions(store: Store, user_id: str, hits: list[Hit]) -> list[Hi
     targets = sorted({old for hit in hits for old in hit.source.get("supersedes") or ()})
     if not targets:
         return hits
-    found = store.read_client(user_id).search(index=store.indices, query={"ids": {"values": targets}},
+    found = store.read_client(user_id).search(index=store.indices, routing=user_id, query={"ids": {"values": targets}},
                                               size=len(targets), source_includes=["superseded_by"])
     pointer = {hit["_id"]: hit["_source"].get("superseded_by") for hit in found["hits"]["hits"]}
     return [hit for hit in hits if pointer.get(hit.id) is None
@@ -203,8 +207,8 @@ def _second_stage(store: Store, user_id: str, query: str, pool: list[Hit], rrf_w
     assert stage is not None
     vectors = None
     if stage.embedder is not None:
-        docs = store.read_client(user_id).mget(docs=[{"_index": h.index, "_id": h.id} for h in pool],
-                                               source_includes=["rerank_embedding"])["docs"]
+        docs = store.read_client(user_id).mget(docs=[{"_index": h.index, "_id": h.id, "routing": user_id}
+                                                     for h in pool], source_includes=["rerank_embedding"])["docs"]
         try:
             vectors = np.asarray([d["_source"]["rerank_embedding"] for d in docs], dtype=np.float32)
         except KeyError:
@@ -224,11 +228,12 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
            include_superseded: bool = False, mode: C.RecallMode = C.DEFAULT_RECALL_MODE,
            now: datetime | None = None, params: ScoringParams | None = None, window: int = C.RRF_WINDOW,
            rank_constant: int = C.RRF_RANK_CONSTANT, pool: int = C.RERANK_POOL,
-           rrf_weight: float = C.RERANK_RRF_WEIGHT, touch: bool = True) -> RecallResult:
+           rrf_weight: float = C.RERANK_RRF_WEIGHT, touch: bool = True, routed: bool = True) -> RecallResult:
     """The user's memories (and catalog items) most relevant to `query`, best first.
 
     Reads go through the user's own client. `touch` refreshes `last_used_at` and bumps
-    `use_count` of the current semantic facts returned (evaluations turn it off). A query longer
+    `use_count` of the current semantic facts returned (evaluations turn it off); `routed` reads only the
+    user's shard of each index (`build_recall_requests`). A query longer
     than `MAX_QUERY_CHARS` is refused: search a stored text with `clip_query`.
     """
     check_user(user_id)
@@ -240,6 +245,7 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
         check_k(value, limit=10_000, what=what)
     check_flag(include_superseded, "include_superseded")
     check_flag(touch, "touch")
+    check_flag(routed, "routed")
     now = check_when(now, "now") if now is not None else store.now()
     params = params or store.params
     timings = {"embed": 0.0, "es": 0.0, "fusion": 0.0, "second": 0.0}
@@ -249,7 +255,8 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
     period = mentioned_period(query, now)
     requests = build_recall_requests(store, user_id, query, mode=mode, types=checked_types,
                                      include_superseded=include_superseded, now=now, params=params,
-                                     window=max(window, k), query_vector=query_vector, period=period)
+                                     window=max(window, k), query_vector=query_vector, period=period,
+                                     routed=routed)
     started = time.perf_counter()
     searches = [part for r in requests for part in (r["header"], r["body"])]
     responses = store.read_client(user_id).msearch(searches=searches)["responses"]

@@ -15,10 +15,13 @@ from elasticsearch import ApiError, Elasticsearch
 from atlas.core.constants import (
     ARCHIVE_SUFFIX,
     BM25_B,
+    CATALOG_SHARDS,
     ENGLISH_STOPWORDS,
     HNSW_EF_CONSTRUCTION,
     HNSW_M,
     MEMORY_TYPES,
+    SINGLE_NODE_REPLICAS,
+    SINGLE_NODE_SHARDS,
     STATE_SUFFIX,
     MemoryType,
 )
@@ -133,10 +136,12 @@ TYPE_MAPPINGS: dict[str, dict] = {
 SIMILARITY = {"default": {"type": "BM25", "b": BM25_B}}
 
 
-def index_settings() -> dict:
+def index_settings(*, shards: int = SINGLE_NODE_SHARDS, replicas: int = SINGLE_NODE_REPLICAS) -> dict:
+    """Settings every memory index shares: `shards` primaries (`Settings.shards`; a user's documents are
+    routed to one of them, `documents.routing_of`) with `replicas` replicas each (`Settings.replicas`)."""
     return {
-        "number_of_shards": 1,
-        "number_of_replicas": 0,
+        "number_of_shards": shards,
+        "number_of_replicas": replicas,
         # Vectors stay in _source: the archive copies documents and the second stage reads them.
         "mapping": {"exclude_source_vectors": False},
         "similarity": SIMILARITY,
@@ -157,9 +162,11 @@ def index_mappings(suffix: str, dims: int, rerank_dims: int | None) -> dict:
     return mappings
 
 
-def build_component_template_body(dims: int, rerank_dims: int | None) -> dict:
+def build_component_template_body(dims: int, rerank_dims: int | None, *, shards: int = SINGLE_NODE_SHARDS,
+                                  replicas: int = SINGLE_NODE_REPLICAS) -> dict:
     """PUT _component_template/{prefix}-common"""
-    return {"template": {"settings": index_settings(), "mappings": common_mappings(dims, rerank_dims)},
+    return {"template": {"settings": index_settings(shards=shards, replicas=replicas),
+                         "mappings": common_mappings(dims, rerank_dims)},
             "_meta": {"atlas_schema_version": SCHEMA_VERSION}}
 
 
@@ -206,14 +213,16 @@ def set_similarity(es: Elasticsearch, index: str) -> None:
 
 
 def ensure_indices(es: Elasticsearch, prefix: str, dims: int, rerank_dims: int | None, *,
-                   upgrade: bool = True) -> dict[str, str]:
+                   upgrade: bool = True, shards: int = SINGLE_NODE_SHARDS,
+                   replicas: int = SINGLE_NODE_REPLICAS) -> dict[str, str]:
     """Create missing indices; check existing ones. Returns {index: "created"|"ok"|"upgraded"}.
 
     New fields and another BM25 similarity are applied in place when `upgrade` (the latter closes
     the index for a moment); a changed field type cannot be, and raises `SchemaMismatch` naming each
     difference (drop the prefix or archive first).
     """
-    es.cluster.put_component_template(name=f"{prefix}-common", **build_component_template_body(dims, rerank_dims))
+    es.cluster.put_component_template(name=f"{prefix}-common", **build_component_template_body(
+        dims, rerank_dims, shards=shards, replicas=replicas))
     es.indices.put_index_template(name=f"{prefix}-memory", **build_index_template_body(prefix))
     indices = all_indices(prefix)
     # One request each for the whole prefix; an index missing from the answer does not exist yet.
@@ -221,9 +230,12 @@ def ensure_indices(es: Elasticsearch, prefix: str, dims: int, rerank_dims: int |
     settings = es.indices.get_settings(index=",".join(indices), ignore_unavailable=True)
     report: dict[str, str] = {}
     for index in indices:
-        expected = index_mappings(index.removeprefix(f"{prefix}-"), dims, rerank_dims)
+        suffix = index.removeprefix(f"{prefix}-")
+        expected = index_mappings(suffix, dims, rerank_dims)
         if index not in mappings:
-            es.indices.create(index=index, mappings=expected)
+            # The catalog's world data has no owner to route by: one shard, which a routed recall reads whole.
+            es.indices.create(index=index, mappings=expected,
+                              settings={"number_of_shards": CATALOG_SHARDS} if suffix == "catalog" else None)
             report[index] = "created"
             continue
         problems, similarity = index_problems(expected, mappings[index], settings[index])

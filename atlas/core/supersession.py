@@ -22,7 +22,15 @@ from tqdm.auto import tqdm
 
 from atlas.core import constants as C
 from atlas.core.clock import es_date
-from atlas.core.documents import VECTOR_FIELDS, Owned, build_document, index_document, prove_ownership, update_owned
+from atlas.core.documents import (
+    VECTOR_FIELDS,
+    Owned,
+    build_document,
+    index_document,
+    prove_ownership,
+    routing_of,
+    update_owned,
+)
 from atlas.core.errors import AlreadySuperseded, ConflictError, NotFound, ValidationError
 from atlas.core.schemas import archive_name, build_sole_owner_filter, index_name
 from atlas.core.scoring import days
@@ -93,7 +101,7 @@ def supersede(store: Store, user_id: str, old_ids: Sequence[str], text: str, mem
             _mark(store, old, new_id, es_date(now))
             marked.append(old)
     except (ConflictError, NotFound):
-        _undo(store, new_id, memory_type, marked)
+        _undo(store, user_id, new_id, memory_type, marked)
         lost = _find(store, olds[len(marked)].id)
         winner = lost.source.get("superseded_by") if lost else None
         raise ConflictError(
@@ -113,16 +121,17 @@ def _settled(store: Store, user_id: str, doc: Owned) -> bool:
     previous = list(doc.source.get("supersedes") or ())
     if not previous:
         return True
-    hits = store.read_client(user_id).search(index=store.indices, query={"ids": {"values": previous}},
+    hits = store.read_client(user_id).search(index=store.indices, routing=user_id, query={"ids": {"values": previous}},
                                              size=len(previous), source_includes=["superseded_by"])["hits"]["hits"]
     return all(hit["_source"].get("superseded_by") == doc.id for hit in hits)
 
 
-def _undo(store: Store, new_id: str, memory_type: C.MemoryType, marked: Sequence[Owned]) -> None:
+def _undo(store: Store, user_id: str, new_id: str, memory_type: C.MemoryType, marked: Sequence[Owned]) -> None:
     """Roll back a half-done supersession: unmark what we marked, delete the new document."""
     for old in marked:
-        store.es.update(index=old.index, id=old.id, doc={"superseded_by": None, "superseded_at": None})
-    store.es.delete(index=index_name(store.prefix, memory_type), id=new_id, refresh=store.refresh)
+        store.es.update(index=old.index, id=old.id, routing=old.routing,
+                        doc={"superseded_by": None, "superseded_at": None})
+    store.es.delete(index=index_name(store.prefix, memory_type), id=new_id, routing=user_id, refresh=store.refresh)
 
 
 @dataclass
@@ -157,7 +166,7 @@ def repair(store: Store, user_id: str | None = None) -> RepairReport:
                 _mark(store, old, new_id, source["created_at"])
                 report.completed.append((old_id, new_id))
             elif holder != new_id:
-                store.es.delete(index=hit["_index"], id=new_id, refresh=store.refresh)
+                store.es.delete(index=hit["_index"], id=new_id, routing=routing_of(source), refresh=store.refresh)
                 report.removed_orphans.append(new_id)
                 break
     return report
@@ -259,11 +268,11 @@ def archive(store: Store, *, older_than: str = C.ARCHIVE_OLDER_THAN, now: dateti
             hits = page["hits"]["hits"]
             if not hits:
                 break
-            copies = [{"_op_type": "index", "_index": target, "_id": h["_id"],
+            copies = [{"_op_type": "index", "_index": target, "_id": h["_id"], "routing": routing_of(h["_source"]),
                        "_source": {**h["_source"], "archived_from": h["_index"]}} for h in hits]
             helpers.bulk(store.es, copies, refresh="wait_for")
-            helpers.bulk(store.es, [{"_op_type": "delete", "_index": h["_index"], "_id": h["_id"]} for h in hits],
-                         raise_on_error=False)
+            helpers.bulk(store.es, [{"_op_type": "delete", "_index": h["_index"], "_id": h["_id"],
+                                     "routing": routing_of(h["_source"])} for h in hits], raise_on_error=False)
             moved += len(hits)
             bar.update(len(hits))
             after = hits[-1]["sort"]

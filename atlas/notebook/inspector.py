@@ -88,7 +88,8 @@ def _search(store: Store, user_id: str, indices: Sequence[str], query: dict, siz
             sort: list[dict] | None = None, track_total_hits: bool | None = None,
             aggs: dict | None = None) -> ObjectApiResponse[Any]:
     """A search through the user's own client; an option left at None is not sent."""
-    return store.read_client(user_id).search(index=",".join(indices), query=query, size=size, ignore_unavailable=True,
+    return store.read_client(user_id).search(index=",".join(indices), routing=user_id, query=query, size=size,
+                                             ignore_unavailable=True,
                                              source_excludes=list(VECTOR_FIELDS), sort=sort,
                                              track_total_hits=track_total_hits, aggs=aggs)
 
@@ -243,3 +244,24 @@ class MemoryInspector:
         for at, memory_type in enumerate(TYPES):
             self._tabs.children[at].value = snap.tab_html(memory_type)
             self._tabs.set_title(at, f"{memory_type} ({snap.counts[memory_type]['current']})")
+
+
+def user_shards(store: Store, user_id: str) -> list[dict]:
+    """Where a user's memories live: per index of the prefix, the shard that `routing=user_id` picks and
+    every copy of it (primary or replica, its node and state), from `_search_shards`."""
+    found = store.es.search_shards(index=store.indices, routing=check_user(user_id))
+    names = {node_id: node["name"] for node_id, node in found["nodes"].items()}
+    return [{"index": copy["index"], "shard": copy["shard"], "primary": copy["primary"],
+             "node": names.get(copy["node"]), "state": copy["state"]}
+            for group in found["shards"] for copy in group]
+
+
+def shards_searched(store: Store, user_id: str, requests: Sequence[dict]) -> list[dict]:
+    """Send a recall's `_msearch` again (its printable `RecallResult.requests`) and say, per search, how many
+    shards it asked (`_shards.total`): one per index when routed by the user, every shard otherwise."""
+    searches = [part for request in requests for part in (request["header"], request["body"])]
+    responses = store.read_client(check_user(user_id)).msearch(searches=searches)["responses"]
+    return [{"path": request["path"], "routing": request["header"].get("routing", ""),
+             "indices": len(request["header"]["index"].split(",")), "shards asked": response["_shards"]["total"],
+             "answered": response["_shards"]["successful"]}
+            for request, response in zip(requests, responses, strict=True)]

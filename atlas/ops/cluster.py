@@ -19,6 +19,8 @@ import socket
 import subprocess
 import time
 import zipfile
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,13 +42,17 @@ START_TIMEOUT_S = 180
 
 @dataclass(frozen=True)
 class LocalNode:
-    """Paths of the local node under one folder (see `node_for`)."""
+    """Paths of one local node under one folder (see `nodes_for`)."""
 
     root: Path
+    #: Its place in the cluster, 1..N: node n listens on the configured ports + n - 1.
+    number: int = 1
+    #: Folder of the distribution, shared by the nodes of a cluster; the node's own folder by default.
+    home: Path | None = None
 
     @property
     def dist(self) -> Path:
-        return self.root / f"elasticsearch-{ES_VERSION}"
+        return (self.home or self.root) / f"elasticsearch-{ES_VERSION}"
 
     @property
     def config(self) -> Path:
@@ -64,6 +70,18 @@ class LocalNode:
     def pidfile(self) -> Path:
         return self.root / "es.pid"
 
+    def name(self, settings: Settings) -> str:
+        return "atlas-node" if settings.es_nodes == 1 else f"atlas-node-{self.number}"
+
+    def http_port(self, settings: Settings) -> int:
+        return settings.es_port + self.number - 1
+
+    def transport_port(self, settings: Settings) -> int:
+        return settings.es_transport_port + self.number - 1
+
+    def url(self, settings: Settings) -> str:
+        return f"http://127.0.0.1:{self.http_port(settings)}"
+
 
 def node_for(settings: Settings) -> LocalNode:
     """The local node's folder: `Settings.es_dir`, unless root's dedicated user cannot reach it.
@@ -76,6 +94,16 @@ def node_for(settings: Settings) -> LocalNode:
         digest = hashlib.sha1(str(settings.home).encode()).hexdigest()[:10]
         root = ES_USER_HOME / "nodes" / digest
     return LocalNode(root)
+
+
+def nodes_for(settings: Settings) -> list[LocalNode]:
+    """Every node of the local cluster: the single node, or `es_nodes` nodes in
+    `<es_dir>/<cluster name>/node-<n>/`, all running the distribution unpacked in `es_dir`."""
+    base = node_for(settings)
+    if settings.es_nodes == 1:
+        return [base]
+    cluster_root = base.root / settings.cluster_name
+    return [LocalNode(cluster_root / f"node-{n}", number=n, home=base.root) for n in range(1, settings.es_nodes + 1)]
 
 
 def local_credentials(settings: Settings) -> dict:
@@ -177,13 +205,19 @@ def ensure_es_user() -> pwd.struct_passwd:
         return pwd.getpwnam(ES_USER)
 
 
-def _traversable(path: Path) -> bool:
-    """Whether another user can reach `path`: every existing ancestor needs the others' execute bit."""
-    return all(folder.stat().st_mode & 0o001 for folder in path.resolve().parents if folder.exists())
+def _traversable(path: Path, uid: int | None = None) -> bool:
+    """Whether user `uid` (any other user when None) can reach `path`: every existing ancestor lets it
+    through, by the others' execute bit or, for a folder `uid` owns (the private `.es` of a multi-node
+    cluster's nodes), by the owner's."""
+    def passes(folder: Path) -> bool:
+        st = folder.stat()
+        return bool(st.st_mode & 0o001) or (uid is not None and st.st_uid == uid and bool(st.st_mode & 0o100))
+
+    return all(passes(folder) for folder in path.resolve().parents if folder.exists())
 
 
 def _check_traversable(path: Path) -> None:
-    if not _traversable(path):
+    if not _traversable(path, _node_uid()):
         raise ClusterError(
             f"{path} is not traversable by the `{ES_USER}` user that runs Elasticsearch: "
             f"set ATLAS_ES_DIR to a folder outside private folders (e.g. {ES_USER_HOME}/node)"
@@ -223,15 +257,31 @@ def give_node_folder(node: LocalNode, uid: int, gid: int) -> None:
 
 
 def render_config(node: LocalNode, settings: Settings) -> str:
-    """elasticsearch.yml of the single local node: loopback, security on, trial license."""
-    return "\n".join([
-        "cluster.name: atlas-local",
-        "node.name: atlas-node",
+    """elasticsearch.yml of a local node: loopback, security on, trial license.
+
+    A single node skips discovery. Several nodes find each other on their loopback transport ports.
+    Transport TLS is off: Elasticsearch enforces it (a bootstrap check) only for a node bound to a
+    non-loopback address, and these nodes never are.
+    """
+    lines = [
+        f"cluster.name: {settings.cluster_name}",
+        f"node.name: {node.name(settings)}",
         f"path.data: {node.data}",
         f"path.logs: {node.logs}",
         "network.host: 127.0.0.1",
-        f"http.port: {settings.es_port}",
-        "discovery.type: single-node",
+        f"http.port: {node.http_port(settings)}",
+    ]
+    if settings.es_nodes == 1:
+        lines.append("discovery.type: single-node")
+    else:
+        peers = nodes_for(settings)
+        lines += [
+            f"transport.port: {node.transport_port(settings)}",
+            f"discovery.seed_hosts: [{', '.join(f'127.0.0.1:{p.transport_port(settings)}' for p in peers)}]",
+            f"cluster.initial_master_nodes: [{', '.join(p.name(settings) for p in peers)}]",
+        ]
+    return "\n".join([
+        *lines,
         "xpack.security.enabled: true",
         "xpack.security.http.ssl.enabled: false",
         "xpack.security.transport.ssl.enabled: false",
@@ -314,62 +364,88 @@ def _port_taken(port: int) -> bool:
     return False
 
 
-def _answers(url: str, username: str, password: str) -> bool:
-    """True when the node serves authenticated requests and the cluster is at least yellow."""
+def _answers(url: str, username: str, password: str, *, nodes: int = 1) -> bool:
+    """True when the node serves authenticated requests, sees `nodes` nodes and the cluster is at least yellow."""
     http = urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(connect=1, read=5))
     headers = urllib3.make_headers(basic_auth=f"{username}:{password}")
+    query = f"wait_for_status=yellow&wait_for_nodes={nodes}&timeout=2s"
     try:
-        resp = http.request("GET", f"{url}/_cluster/health?wait_for_status=yellow&timeout=2s", headers=headers)
+        resp = http.request("GET", f"{url}/_cluster/health?{query}", headers=headers)
     except urllib3.exceptions.HTTPError:
         return False
     return resp.status == 200
 
 
-def _log_tail(node: LocalNode, lines: int = 30) -> str:
-    log = node.logs / "atlas-local.log"
+def _log_tail(node: LocalNode, settings: Settings, lines: int = 30) -> str:
+    log = node.logs / f"{settings.cluster_name}.log"
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.is_file() else "(no log yet)"
 
 
-def up(settings: Settings | None = None) -> dict:
-    """Start the local node if it is not running, wait until it answers, and make sure Atlas's service
-    user exists (`atlas.ops.service`). Idempotent; returns the operator's (`elastic`) credentials."""
+def node_number(settings: Settings, name: str) -> int:
+    """The number (1..N) of the local node called `name` (as `_cat/nodes` and `_search_shards` say)."""
+    for node in nodes_for(settings):
+        if node.name(settings) == name:
+            return node.number
+    raise ClusterError(f"no local node is called {name!r} in {settings.cluster_name}")
+
+
+def _pick(settings: Settings, numbers: Iterable[int] | None) -> list[LocalNode]:
+    """The nodes numbered `numbers` (1..N), or all of them."""
+    nodes = nodes_for(settings)
+    if numbers is None:
+        return nodes
+    wanted = set(numbers)
+    if not wanted <= {node.number for node in nodes}:
+        raise ClusterError(f"the local cluster has nodes 1..{len(nodes)}, not {sorted(wanted)}")
+    return [node for node in nodes if node.number in wanted]
+
+
+def up(settings: Settings | None = None, *, nodes: Iterable[int] | None = None) -> dict:
+    """Start the local nodes (all, or those numbered `nodes`) that are not running, together, and wait
+    until each answers in a cluster of all of them. Idempotent."""
     settings = settings or load_settings()
     if not settings.local:
         raise ClusterError(f"ES_URL is set ({settings.es_url}): Atlas uses that cluster and starts nothing")
-    node = node_for(settings)
     creds = local_credentials(settings)
-    if _pid(node) is not None:
-        if _wait(node, creds, timeout=START_TIMEOUT_S):
-            return _with_service_principal(settings, creds)
-        raise ClusterError(f"the local node (pid {_pid(node)}) runs but does not answer:\n{_log_tail(node)}")
-    if _port_taken(settings.es_port):
-        raise ClusterError(
-            f"port {settings.es_port} is taken by another process: stop it, or choose another with ATLAS_ES_PORT"
-        )
-    node.root.mkdir(parents=True, exist_ok=True)
-    unpack(maven_zip(), node)
-    java_home = find_java()
-    # The zip lacks analysis-common; the .security index (API keys, DLS roles) needs four of its parts.
-    install_analysis_plugin(node.dist, java_home)
-    env = configure(node, settings, java_home, creds["password"])
-    cmd = [str(node.dist / "bin" / "elasticsearch"), "-d", "-p", str(node.pidfile)]
-    done = _run_as_es(cmd, env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise ClusterError(f"Elasticsearch did not start:\n{done.stderr[-3000:]}\n{_log_tail(node)}")
-    if not _wait(node, creds, timeout=START_TIMEOUT_S):
-        raise ClusterError(f"Elasticsearch started but did not answer within {START_TIMEOUT_S}s:\n{_log_tail(node)}")
-    return _with_service_principal(settings, creds)
-
-
-def _with_service_principal(settings: Settings, creds: dict) -> dict:
+    chosen = _pick(settings, nodes)
+    stopped = [node for node in chosen if _pid(node) is None]
+    for node in stopped:
+        for port in {node.http_port(settings), *([node.transport_port(settings)] if settings.es_nodes > 1 else [])}:
+            if _port_taken(port):
+                raise ClusterError(f"port {port} is taken by another process: stop it, or choose other ports "
+                                   "with ATLAS_ES_PORT / ATLAS_ES_TRANSPORT_PORT")
+    if stopped:
+        base = node_for(settings)
+        base.root.mkdir(parents=True, exist_ok=True)
+        unpack(maven_zip(), base)
+        java_home = find_java()
+        # The zip lacks analysis-common; the .security index (API keys, DLS roles) needs four of its parts.
+        install_analysis_plugin(base.dist, java_home)
+        # Nodes of a new cluster wait for each other to elect a master: start them at once.
+        with ThreadPoolExecutor(max_workers=len(stopped)) as pool:
+            list(pool.map(lambda node: _start(node, settings, java_home, creds), stopped))
+    for node in chosen:
+        if not _wait(node, settings, creds, timeout=START_TIMEOUT_S):
+            raise ClusterError(f"{node.name(settings)} (pid {_pid(node)}) does not answer within {START_TIMEOUT_S}s "
+                               f"in a cluster of {settings.es_nodes}:\n{_log_tail(node, settings)}")
     ensure_service_principal(connect(settings, operator=True), settings)
     return creds
 
 
-def _wait(node: LocalNode, creds: dict, timeout: float) -> bool:
+def _start(node: LocalNode, settings: Settings, java_home: Path, creds: dict) -> None:
+    node.root.mkdir(parents=True, exist_ok=True)
+    env = configure(node, settings, java_home, creds["password"])
+    cmd = [str(node.dist / "bin" / "elasticsearch"), "-d", "-p", str(node.pidfile)]
+    # A session of its own: the node outlives its starter (a notebook kernel is shut down with its process group).
+    done = _run_as_es(cmd, env, capture_output=True, text=True, start_new_session=True)
+    if done.returncode != 0:
+        raise ClusterError(f"{node.name(settings)} did not start:\n{done.stderr[-3000:]}\n{_log_tail(node, settings)}")
+
+
+def _wait(node: LocalNode, settings: Settings, creds: dict, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if _answers(creds["url"], creds["username"], creds["password"]):
+        if _answers(node.url(settings), creds["username"], creds["password"], nodes=settings.es_nodes):
             return True
         if _pid(node) is None and not node.pidfile.exists():
             time.sleep(1)  # the daemon writes its pid file a moment after forking
@@ -379,9 +455,16 @@ def _wait(node: LocalNode, creds: dict, timeout: float) -> bool:
     return False
 
 
-def down(settings: Settings | None = None, *, hard: bool = False, timeout: float = 60) -> bool:
-    """Stop the local node by its PID (SIGTERM, or SIGKILL when `hard`). Idempotent; True if it ran."""
-    node = node_for(settings or load_settings())
+def down(settings: Settings | None = None, *, hard: bool = False, nodes: Iterable[int] | None = None,
+         timeout: float = 60) -> bool:
+    """Stop the local nodes (all, or those numbered `nodes`) by their PIDs, together (SIGTERM, or SIGKILL
+    when `hard`). Idempotent; True if any ran."""
+    chosen = _pick(settings or load_settings(), nodes)
+    with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
+        return any(list(pool.map(lambda node: _stop(node, hard=hard, timeout=timeout), chosen)))
+
+
+def _stop(node: LocalNode, *, hard: bool, timeout: float) -> bool:
     pid = _pid(node)
     if pid is None:
         return False
@@ -400,23 +483,27 @@ def down(settings: Settings | None = None, *, hard: bool = False, timeout: float
 
 
 def reset(settings: Settings | None = None) -> None:
-    """Stop the local node and wipe its data and logs (the distribution is kept). Idempotent."""
+    """Stop the local nodes and wipe their data and logs (the distribution is kept). Idempotent."""
     settings = settings or load_settings()
     down(settings)
-    node = node_for(settings)
-    for folder in (node.data, node.logs):
-        shutil.rmtree(folder, ignore_errors=True)
+    for node in nodes_for(settings):
+        for folder in (node.data, node.logs):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def status(settings: Settings | None = None) -> dict:
-    """Whether the local node runs and answers, and how to reach it."""
+    """Whether the local nodes run and answer, and how to reach them."""
     settings = settings or load_settings()
     if not settings.local:
         return {"mode": "external", "url": settings.es_url}
-    node = node_for(settings)
     creds = read_secret(settings.local_credentials_path) or {}
-    pid = _pid(node)
-    answering = bool(pid and creds and _answers(creds["url"], creds["username"], creds["password"]))
-    return {"mode": "local", "url": settings.url, "pid": pid, "answering": answering,
+    nodes = []
+    for node in nodes_for(settings):
+        pid = _pid(node)
+        answering = bool(pid and creds and _answers(node.url(settings), creds["username"], creds["password"],
+                                                    nodes=settings.es_nodes))
+        nodes.append({"name": node.name(settings), "url": node.url(settings), "pid": pid, "answering": answering})
+    return {"mode": "local", "cluster": settings.cluster_name, "url": settings.url,
+            "answering": all(n["answering"] for n in nodes), "nodes": nodes,
             "version": ES_VERSION, "operator_credentials_file": str(settings.local_credentials_path),
             "service_credentials_file": str(settings.service_credentials_path)}

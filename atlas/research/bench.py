@@ -39,7 +39,7 @@ from atlas.core import constants as C
 from atlas.core.clock import es_date
 from atlas.core.config import Settings, load_settings
 from atlas.core.connection import connect, server_version
-from atlas.core.documents import build_document
+from atlas.core.documents import build_document, routing_of
 from atlas.core.errors import ValidationError
 from atlas.core.memory import bulk_load, write_episode
 from atlas.core.recall import recall
@@ -231,7 +231,8 @@ def load_corpus(store: Store, corpus: Corpus, clauses: ClauseVectors, seed: int,
         for i, doc in enumerate(corpus.docs[chunk]):
             source = {**doc, **{MODEL_FIELDS[f]: store.passage_embedders[f].name for f in fields},
                       **{f: vectors[f][i].tolist() for f in fields}}
-            actions.append({"_index": index_name(store.prefix, doc["memory_type"]), "_source": source})
+            actions.append({"_index": index_name(store.prefix, doc["memory_type"]), "routing": routing_of(doc),
+                            "_source": source})
         helpers.bulk(store.es, actions, refresh=False)
         bar.update(len(actions))
     bar.close()
@@ -256,15 +257,16 @@ def timed(call: Callable[[], object]) -> float:
 
 
 def measure_recall(store: Store, corpus: Corpus, queries: Sequence[str], mode: C.RecallMode, reps: int, warmup: int,
-                   rng: random.Random, now: datetime, k: int = 10) -> dict:
-    """Latency of `reps` recalls (users drawn by activity), with the mean of each part of the time."""
+                   rng: random.Random, now: datetime, k: int = 10, *, routed: bool = True) -> dict:
+    """Latency of `reps` recalls (users drawn by activity), with the mean of each part of the time; `routed`
+    as in `recall`."""
     weights = user_weights(corpus.users)
     totals: list[float] = []
     parts: dict[str, list[float]] = {p: [] for p in PARTS}
     for i in range(warmup + reps):
         user, query = rng.choices(corpus.users, weights)[0], rng.choice(queries)
         started = time.perf_counter()
-        result = recall(store, user, query, k=k, mode=mode, now=now, touch=False)
+        result = recall(store, user, query, k=k, mode=mode, now=now, touch=False, routed=routed)
         if i >= warmup:
             totals.append(time.perf_counter() - started)
             for part in PARTS:
@@ -355,7 +357,8 @@ def measure_ingest_with_embedding(store: Store, rng: random.Random, count: int, 
 
 
 def index_size(es: Elasticsearch, prefix: str) -> dict:
-    """Bytes on disk of the prefix's primary segments (after a flush; not force-merged).
+    """Bytes on disk of the prefix's primary segments (after a flush; not force-merged), and of every copy
+    (primaries and replicas).
 
     Summed from `_cat/segments`, because `_stats`' store size is cached for
     `index.store.stats_refresh_interval` (10 s) and read an index loaded faster than that as empty.
@@ -366,7 +369,8 @@ def index_size(es: Elasticsearch, prefix: str) -> dict:
     # With format=json the body is a list of rows, which the client's annotation (object or text) leaves out.
     segments = cast(list[dict[str, Any]], es.cat.segments(index=indices, format="json", bytes="b").body)
     size = sum(int(segment["size"]) for segment in segments if segment["prirep"] == "p")
-    return {"docs": docs, "bytes": size, "bytes_per_1k": size / max(docs, 1) * 1000}
+    return {"docs": docs, "bytes": size, "bytes_per_1k": size / max(docs, 1) * 1000,
+            "bytes_all_copies": sum(int(segment["size"]) for segment in segments)}
 
 
 def _proc_status(pid: int | str) -> dict[str, int]:
@@ -461,7 +465,7 @@ def run(*, quick: bool = False, plan: Plan | None = None, scales: Sequence[int] 
             store = bench_store(prefixes[scale], settings, es)
             opened.append(store)
             results["meta"]["reads"] = "per-user DLS keys" if store.reader is not None else "service credential"
-            specs = _specs(store, settings)
+            specs = vector_specs(store, settings)
             clauses = clauses or ClauseVectors(pool, {field: load_embedder(spec, cache_dir=settings.embedding_cache_dir,
                                                                            progress=None if progress else False)
                                                       for field, spec in specs.items()})
@@ -505,7 +509,7 @@ def _bench_scale(results: dict, plan: Plan, store: Store, corpus: Corpus, clause
     results["memory"][key] = memory_use(store.es)
 
 
-def _specs(store: Store, settings: Settings) -> dict[str, str]:
+def vector_specs(store: Store, settings: Settings) -> dict[str, str]:
     """{vector field: embedder spec} of each vector the store writes, to embed the clauses with."""
     specs = {"embedding": settings.embedder}
     if "rerank_embedding" in store.passage_embedders:
