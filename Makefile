@@ -13,7 +13,7 @@ ifdef NODES
 export ATLAS_ES_NODES := $(NODES)
 endif
 
-.PHONY: run test test-cluster lint setup es-up es-down es-reset es-status notebooks nbval pytest eval bench serve clean
+.PHONY: run test test-cluster lint setup browser lab es-up es-down es-reset es-status notebooks nbval pytest eval bench serve clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -28,6 +28,14 @@ $(VENV)/.installed: pyproject.toml
 	$(ATLAS) model build
 
 setup: $(VENV)/.installed .cache/models/nomic-embed-text-v1.5/model.int8.onnx
+
+# Debian's Chromium, which tests/test_browser.py drives with Playwright (no test tool downloads a browser).
+export CHROMIUM ?= /usr/bin/chromium
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+browser:
+	@test -x $(CHROMIUM) || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium > /dev/null; }
+	@test -x $(CHROMIUM) || { echo "no browser at $(CHROMIUM)"; exit 1; }
 
 es-up: setup
 	@if [ -z "$$ES_URL" ]; then $(ATLAS) es up; else echo "ES_URL is set: using $$ES_URL"; fi
@@ -46,15 +54,19 @@ run: es-up
 	$(ATLAS) notebooks run --out outputs/notebooks
 	$(ATLAS) notebooks summary
 
+# JupyterLab in notebooks/ on the project's kernel (`python3` of the venv), with the cluster up.
+lab: es-up
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=notebooks $(if $(SUDO),,--allow-root)
+
 # Static checks: lint and import order (ruff), types (mypy), the layers contract (lint-imports).
 lint: setup
 	$(VENV)/bin/ruff check atlas scripts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
-# All tests: the static checks, pytest against the real cluster, papermill of every notebook, nbval of the
-# committed ones.
-test: lint es-up
+# All tests: the static checks, pytest against the real cluster (notebook 06 in JupyterLab under headless
+# Chromium among them), papermill of every notebook, nbval of the committed ones.
+test: lint es-up browser
 	$(PY) -m pytest tests -q
 	$(PY) -m pytest --nbval notebooks --ignore=notebooks/cluster --nbval-sanitize-with notebooks/sanitize.cfg \
 		-p no:cacheprovider -q

@@ -1,22 +1,23 @@
 """A memory inspector for notebooks: one user's episodic, semantic and procedural memory, side by side.
 
-Interactive (JupyterLab, Notebook, VS Code): an ipywidgets user picker, one tab per
-memory type with its counters, supersession chains on the semantic tab, and a refresh
-button; call `refresh()` after writes or a consolidation. Non-interactive (papermill,
-nbconvert, a terminal) it renders the same data as a static HTML snapshot (and as
-aligned text), so an executed notebook shows what the widget would have shown. Reads go
-through the user's own client, so the inspector sees exactly what that user may see.
+Live (a kernel whose frontend answers: JupyterLab, Notebook, VS Code): an ipywidgets user
+picker, one tab per memory type with its counters, supersession chains on the semantic tab,
+and a refresh button; call `refresh()` after writes or a consolidation, and the counters
+show what changed since the read before. Headless (papermill, nbconvert, nbval, a terminal)
+it renders the same data as a static HTML snapshot (and as aligned text), so an executed
+notebook shows what the widget would have shown. Reads go through the user's own client, so
+the inspector sees exactly what that user may see.
 """
 
 from __future__ import annotations
 
 import html
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_transport import ObjectApiResponse
+from IPython import get_ipython
 
 from atlas.core import constants as C
 from atlas.core.documents import VECTOR_FIELDS
@@ -34,8 +35,13 @@ MAX_CHAIN_DOCUMENTS = 1000
 
 
 def interactive_frontend() -> bool:
-    """A widget-capable frontend: a kernel started by a Jupyter server, or VS Code. Papermill is neither."""
-    return bool(os.environ.get("JPY_SESSION_NAME") or os.environ.get("VSCODE_PID"))
+    """A live frontend: the kernel request running now lets the kernel ask its user for input.
+
+    JupyterLab, Notebook and VS Code send every cell with `allow_stdin`; the headless executors (papermill,
+    nbconvert and nbclient, nbval) never do, and outside a kernel there is no frontend at all.
+    """
+    kernel = getattr(get_ipython(), "kernel", None)
+    return kernel is not None and bool(kernel.get_parent().get("content", {}).get("allow_stdin"))
 
 
 @dataclass
@@ -49,6 +55,8 @@ class Snapshot:
     chains: list[list[list[dict]]] = field(default_factory=list)
     #: {id: label} for ids a notebook knows by name; others are shortened.
     labels: Mapping[str, str] | None = None
+    #: The documents behind `tables`, per memory type.
+    documents: dict[str, list[dict]] = field(default_factory=dict)
 
     def chain_lines(self) -> list[str]:
         """ "old fact [id] + other old fact [id] → new fact [id, natural]" per chain."""
@@ -61,6 +69,18 @@ class Snapshot:
     def counters(self) -> Table:
         return table([{"type": t, **c} for t, c in self.counts.items()], title=f"memory of {self.user_id}",
                      numeric={"total", "current", "superseded"})
+
+    def changes_since(self, before: Snapshot) -> Table:
+        """Per memory type, the current and superseded counts before and now, and what is new since `before`."""
+        def new(memory_type: str) -> str:
+            seen = {d["id"] for d in before.documents.get(memory_type, [])}
+            return "; ".join(truncate(d.get("name") or d["text"], 40)
+                             for d in self.documents.get(memory_type, []) if d["id"] not in seen)
+
+        rows = [{"type": t, "current": f"{before.counts[t]['current']} → {c['current']}",
+                 "superseded": f"{before.counts[t]['superseded']} → {c['superseded']}", "new": new(t)}
+                for t, c in self.counts.items()]
+        return table(rows, title=f"changes since the previous read of {self.user_id}")
 
     def __str__(self) -> str:
         parts = [str(self.counters())]
@@ -77,11 +97,15 @@ class Snapshot:
             body += f"<p><b>supersession chains</b></p><ul>{items}</ul>"
         return body
 
-    def to_html(self) -> str:
-        """The static snapshot: counters, then one section per memory type."""
+    def header_html(self, changes: Table | None = None) -> str:
+        """The counters, and `changes` (since an earlier read) when given."""
+        return self.counters()._repr_html_() + (changes._repr_html_() if changes is not None else "")
+
+    def to_html(self, changes: Table | None = None) -> str:
+        """The static snapshot: the header, then one section per memory type."""
         sections = "".join(f"<h4>{t} ({self.counts[t]['current']} current)</h4>{self.tab_html(t)}"
                            for t in self.tables)
-        return f"<div class='atlas-inspector'>{self.counters()._repr_html_()}{sections}</div>"
+        return f"<div class='atlas-inspector'>{self.header_html(changes)}{sections}</div>"
 
 
 def _search(store: Store, user_id: str, indices: Sequence[str], query: dict, size: int, *,
@@ -168,60 +192,85 @@ def snapshot(store: Store, user_id: str, *, limit: int = DEFAULT_LIMIT,
     check_user(user_id)
     counts: dict[str, dict[str, int]] = {}
     tables: dict[str, Table] = {}
+    documents: dict[str, list[dict]] = {}
     chains: list[list[list[dict]]] = []
     for memory_type in TYPES:
-        docs, counts[memory_type] = _documents(store, user_id, memory_type, limit)
-        tables[memory_type] = _rows(memory_type, docs, labels)
+        documents[memory_type], counts[memory_type] = _documents(store, user_id, memory_type, limit)
+        tables[memory_type] = _rows(memory_type, documents[memory_type], labels)
         if memory_type == "semantic":
             chains = _chains(_chain_documents(store, user_id))
-    return Snapshot(user_id, counts, tables, chains, labels)
+    return Snapshot(user_id, counts, tables, chains, labels, documents)
 
 
 class MemoryInspector:
-    """`MemoryInspector(store)` in a notebook cell; `refresh()` after writes; `interactive=False` forces HTML."""
+    """`MemoryInspector(store)` in a notebook cell; `refresh()` after writes; `interactive=False` forces HTML.
+
+    Without `users`, the picker offers every user with memory in the prefix, read again by each `refresh()`.
+    """
 
     def __init__(self, store: Store, user: str | None = None, *, users: Sequence[str] | None = None,
                  limit: int = DEFAULT_LIMIT, labels: Mapping[str, str] | None = None,
                  interactive: bool | None = None) -> None:
         self.store, self.limit, self.labels = store, limit, labels
-        self.users = list(users) if users is not None else users_with_memory(store, types=TYPES)
+        self.fixed_users = list(users) if users is not None else None
+        self.users = self._read_users()
         self.user = check_user(user) if user is not None else (self.users[0] if self.users else None)
         self.interactive = interactive_frontend() if interactive is None else interactive
         self.current: Snapshot | None = None
+        #: The read before `current`, of the same user: what `changes()` compares with.
+        self.previous: Snapshot | None = None
         self.widget = self._build_widget() if self.interactive else None
         self.refresh()
 
+    def _read_users(self) -> list[str]:
+        return list(self.fixed_users) if self.fixed_users is not None else users_with_memory(self.store, types=TYPES)
+
     def refresh(self) -> None:
-        """Re-read the selected user's memory (and the user list); the widget updates in place."""
+        """Re-read the user list and the selected user's memory; the widget updates in place."""
+        self.users = self._read_users()
+        if self.user is not None and self.user not in self.users:
+            self.users.append(self.user)
         if self.user is None:
-            self.current = None
-            return
-        self.current = snapshot(self.store, self.user, limit=self.limit, labels=self.labels)
+            self.current = self.previous = None
+        else:
+            same_user = self.current is not None and self.current.user_id == self.user
+            self.previous = self.current if same_user else None
+            self.current = snapshot(self.store, self.user, limit=self.limit, labels=self.labels)
         if self.widget is not None:
             self._update_widget()
 
     def select(self, user: str) -> None:
+        """Show `user`, whether or not the picker offered them yet."""
         self.user = check_user(user)
-        if self.user not in self.users:
-            self.users.append(self.user)
         self.refresh()
+
+    def changes(self) -> Table | None:
+        """What the last `refresh()` found changed since the read before it (None after a first read)."""
+        if self.current is None or self.previous is None:
+            return None
+        return self.current.changes_since(self.previous)
 
     # rendering -----------------------------------------------------------------------------
 
     def to_html(self) -> str:
         if self.current is None:
             return "<p>no memory in this prefix yet</p>"
-        return self.current.to_html()
+        return self.current.to_html(self.changes())
 
     def __str__(self) -> str:
-        return str(self.current) if self.current is not None else "no memory in this prefix yet"
+        if self.current is None:
+            return "no memory in this prefix yet"
+        changes = self.changes()
+        return str(self.current) + (f"\n\n{changes}" if changes is not None else "")
 
     __repr__ = __str__
 
     def _repr_mimebundle_(self, **kwargs: object) -> dict:
+        """The widget where it is live, with the static snapshot beside it for frontends that draw no widgets."""
+        static = {"text/plain": str(self), "text/html": self.to_html()}
         if self.widget is not None:
-            return self.widget._repr_mimebundle_(**kwargs)
-        return {"text/plain": str(self), "text/html": self.to_html()}
+            return {**static, **self.widget._repr_mimebundle_(**kwargs)}
+        return static
 
     # the widget ---------------------------------------------------------------------------
 
@@ -230,17 +279,27 @@ class MemoryInspector:
 
         self._picker = widgets.Dropdown(options=self.users, value=self.user, description="user")
         self._button = widgets.Button(description="Refresh", icon="refresh")
-        self._counters = widgets.HTML()
+        self._header = widgets.HTML()
         self._tabs = widgets.Tab(children=[widgets.HTML() for _ in TYPES])
-        self._picker.observe(lambda change: self.select(change["new"]), names="value")
+        self._picker.observe(self._picked, names="value")
         self._button.on_click(lambda _: self.refresh())
-        return widgets.VBox([widgets.HBox([self._picker, self._button]), self._counters, self._tabs])
+        return widgets.VBox([widgets.HBox([self._picker, self._button]), self._header, self._tabs],
+                            _dom_classes=["atlas-inspector"])
+
+    def _picked(self, change: dict) -> None:
+        if change["new"] is not None and change["new"] != self.user:
+            self.select(change["new"])
 
     def _update_widget(self) -> None:
+        # New options reset a Dropdown to its first one: set both without telling `_picked`.
+        self._picker.unobserve(self._picked, names="value")
+        self._picker.options, self._picker.value = self.users, self.user
+        self._picker.observe(self._picked, names="value")
         snap = self.current
-        assert snap is not None
-        self._picker.options = self.users
-        self._counters.value = snap.counters()._repr_html_()
+        if snap is None:
+            self._header.value = self.to_html()
+            return
+        self._header.value = snap.header_html(self.changes())
         for at, memory_type in enumerate(TYPES):
             self._tabs.children[at].value = snap.tab_html(memory_type)
             self._tabs.set_title(at, f"{memory_type} ({snap.counts[memory_type]['current']})")
