@@ -25,8 +25,11 @@ from atlas.cli import app
 from atlas.research.datasets import (PERSONA_NOW, load_persona, loaded_id, persona_document, persona_documents, persona_links,
                             read_persona_corpus, read_persona_questions, stored_state)
 from atlas.core.errors import AtlasError
-from atlas.research.evaluate import PERSONA_GATE, EvalQuestion, evaluate_locomo, evaluate_persona, missed_evidence, score
-from atlas.research.locomo import PAPER_REFERENCE, default_path, load_conversations
+from atlas.research.evaluate import (PERSONA_GATE, SESSION_METRICS, EvalQuestion, evaluate_locomo, evaluate_persona,
+                                     missed_evidence, score, session_scores)
+from atlas.research.fusion_study import Candidate, Captured, cross_validate, replay
+from atlas.research.locomo import PAPER_REFERENCE, SESSION_REFERENCES, default_path, load_conversations
+from atlas.core.fusion import rrf_fuse
 from atlas.core.memory import bulk_load
 from atlas.core.schemas import all_indices
 from atlas.core.store import Store
@@ -85,6 +88,17 @@ def test_paper_scoring_of_missing_and_unresolvable_evidence():
     assert score(question(()), ["a"], (5,)) == {"paper_r@5": 1.0}
     got = score(question(("a",), unresolved=1), ["a"], (5,))
     assert got["r@5"] == 1.0 and got["paper_r@5"] == 0.5
+
+
+def test_session_scores_rank_sessions_by_their_first_turn():
+    """Gold sessions D1 and D3; the turns rank sessions D2, D1, D3, D4."""
+    asked = question(("c:D1:1", "c:D3:2", "c:D3:4"))
+    got = session_scores(asked, ["c:D2:1", "c:D1:5", "c:D2:3", "c:D3:9", "c:D4:1"])
+    assert set(got) == set(SESSION_METRICS)
+    assert got["hit@1"] == 0.0 and got["r@5"] == 1.0 and got["r@10"] == 1.0
+    assert 0.0 < got["ndcg@5"] < 1.0
+    assert session_scores(asked, ["c:D3:1", "c:D1:2", "c:D2:1"])["ndcg@5"] == 1.0
+    assert session_scores(asked, ["c:D2:1"] * 3 + ["c:D4:1"]) == {"hit@1": 0.0, "r@5": 0.0, "r@10": 0.0, "ndcg@5": 0.0}
 
 
 def test_missed_evidence_says_which_path_ranked_it():
@@ -290,6 +304,35 @@ def test_numbers_in_the_prose_are_recorded_ones():
     recorded = {f"{item['value']:.3f}" for run in results.load_expected()["runs"].values()
                 for item in run["numbers"].values() if isinstance(item["value"], float)}
     published = {f"{v:.3f}" for v in [*PAPER_REFERENCE["r@10_by_category"].values(),
-                                       *(v for v in PAPER_REFERENCE.values() if isinstance(v, float))]}
+                                       *(v for v in PAPER_REFERENCE.values() if isinstance(v, float)),
+                                       *(v for figures in SESSION_REFERENCES.values() for v in figures.values())]}
     quoted = set(re.findall(r"\b\d\.\d{3}\b", text))
     assert quoted <= recorded | published, sorted(quoted - recorded - published)
+
+
+# --- the fusion study ---------------------------------------------------------------------------
+
+
+def test_fusion_study_replays_the_default_mode_and_picks_weights_out_of_fold():
+    """Candidate b leads BM25 by a wide margin, c is dense's first: RRF ties them, the score fusions do not."""
+    cands = (Candidate("c:D1:1", {"bm25": 1, "dense": 2}, {"bm25": 9.0, "dense": 0.80}, 0.1),
+             Candidate("c:D2:1", {"bm25": 2}, {"bm25": 3.0}, 0.9),
+             Candidate("c:D3:1", {"bm25": 3, "dense": 1}, {"bm25": 2.0, "dense": 0.81}, 0.5))
+    asked = [replace(question(("c:D2:1",)), qid=f"{user}:q", user_id=user, group="single-hop")
+             for user in ("u1", "u2", "u3")]
+    captured = [Captured(q, cands) for q in asked]
+    rrf_order = [key for key, _, _ in rrf_fuse({"bm25": ["c:D1:1", "c:D2:1", "c:D3:1"], "dense": ["c:D3:1", "c:D1:1"]})]
+    assert replay(captured[0], "rrf", 0.0, second_stage=False) == rrf_order
+    assert replay(captured[0], "rrf", 0.0, pool=3) == ["c:D3:1", "c:D2:1", "c:D1:1"], "the second stage votes"
+    assert replay(captured[0], "rrf", 0.0, pool=1) == rrf_order, "the second stage reorders only the pool"
+    assert replay(captured[0], "zscore", 0.9, second_stage=False)[:2] == ["c:D1:1", "c:D2:1"]
+    assert replay(captured[0], "minmax", 0.1, second_stage=False)[0] == "c:D3:1"
+    # the evidence is BM25's first; twelve turns only the kNN path found come first unless BM25 weighs most
+    fillers = [Candidate(f"c:D{10 + i}:1", {"dense": i + 1} | ({"bm25": 2} if i == 11 else {}),
+                         {"dense": 1.0 - i / 100} | ({"bm25": 1.0} if i == 11 else {}), 0.0) for i in range(12)]
+    evidence = Candidate("c:D2:1", {"bm25": 1}, {"bm25": 9.0}, 0.0)
+    captured = [Captured(q, (evidence, *fillers)) for q in asked]
+    folds = cross_validate(captured, "minmax", weights=(0.1, 0.9), second_stage=False)
+    assert folds.chosen == {"u1": 0.9, "u2": 0.9, "u3": 0.9}, "the evidence is BM25's: every fold weighs it up"
+    assert folds.best == 0.9
+    assert [r["r@5"] for r in folds.rows] == [1.0] * 3 and {r["session_r@10"] for r in folds.rows} == {1.0}

@@ -76,6 +76,11 @@ def test_turn_text_keeps_the_image_caption() -> None:
     assert turn_text(image) == "Caroline: So inspiring! [shared image: a photo of a dog]"
 
 
+def test_session_of_a_turn() -> None:
+    assert locomo.session_of(locomo.source_key("conv-26", "D3:5")) == "conv-26:D3"
+    assert locomo.session_of("conv-26:D12:1") != locomo.session_of("conv-26:D1:21")
+
+
 def test_tenant_id() -> None:
     assert tenant_id("conv-26") == "locomo-conv-26"
     with pytest.raises(ValueError):

@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from atlas.research.metrics import (
     bootstrap_ci,
+    distinct,
+    ndcg,
     percentiles,
     recall_all,
     recall_any,
@@ -33,6 +37,21 @@ def test_recall_any_and_all() -> None:
     assert recall_all(RANKED, RELEVANT, 5) == 0.0
 
 
+def test_ndcg_by_hand() -> None:
+    assert ndcg(RANKED, {"a"}, 5) == 1.0
+    assert ndcg(RANKED, {"x"}, 5) == pytest.approx(1 / math.log2(3))
+    # a, b at ranks 1 and 3 of the 5; the ideal puts the four relevant items at ranks 1-4
+    ideal = sum(1 / math.log2(r + 1) for r in range(1, 5))
+    assert ndcg(RANKED, RELEVANT, 3) == pytest.approx((1 + 0.5) / (1 + 1 / math.log2(3) + 0.5))
+    assert ndcg(RANKED, RELEVANT, 5) == pytest.approx((1 + 0.5 + 1 / math.log2(6)) / ideal)
+    assert ndcg(["y", "x"], {"a"}, 2) == 0.0
+    assert ndcg(["a", "a", "b"], {"a", "b"}, 2) == 1.0, "a repeated item counts once, at its first place"
+
+
+def test_distinct_keeps_first_appearance() -> None:
+    assert distinct(["s2", "s1", "s2", "s3", "s1"]) == ["s2", "s1", "s3"]
+
+
 def test_reciprocal_rank() -> None:
     assert reciprocal_rank(RANKED, RELEVANT) == 1.0
     assert reciprocal_rank(RANKED, {"b", "c"}) == pytest.approx(1 / 3)
@@ -40,7 +59,7 @@ def test_reciprocal_rank() -> None:
     assert reciprocal_rank([], {"z"}) == 0.0
 
 
-@pytest.mark.parametrize("metric", [recall_fraction, recall_any, recall_all])
+@pytest.mark.parametrize("metric", [recall_fraction, recall_any, recall_all, ndcg])
 def test_unscorable_question_is_refused(metric) -> None:
     with pytest.raises(ValueError, match="no relevant"):
         metric(RANKED, set(), 5)

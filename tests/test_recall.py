@@ -14,7 +14,7 @@ from atlas.core.errors import NotFound, SchemaMismatch, ValidationError
 from atlas.core.documents import build_document
 from atlas.core.memory import bulk_load, forget_memory, write_episode, write_memory
 from atlas.core.passages import passage_sentences, passage_text
-from atlas.core.fusion import rrf_fuse
+from atlas.core.fusion import rrf_fuse, score_fuse
 from atlas.core.recall import build_recall_requests, pre_recall, recall, to_kibana
 from atlas.core.schemas import ensure_indices
 from atlas.stack import open_store
@@ -56,6 +56,18 @@ def test_rrf_matches_hand_computation():
     assert by_key["b"][0] == pytest.approx(1 / 32)
     assert [key for key, _, _ in fused] == ["a", "c", "b"]
     assert by_key["c"][1] == {"bm25": 3, "dense": 1}
+
+
+def test_score_fusion_by_hand():
+    """z-scores of bm25 (3, 2, 1) are (1.22, 0, -1.22) and of dense (0.9, 0.5) (1, -1); b, missing from dense,
+    gets dense's floor (-1)."""
+    scores = {"bm25": {"a": 3.0, "b": 2.0, "c": 1.0}, "dense": {"c": 0.9, "a": 0.5}}
+    z = dict(score_fuse(scores, {"bm25": 0.5, "dense": 0.5}, normalise="zscore"))
+    assert z["a"] == pytest.approx(0.5 * 1.2247449 - 0.5) and z["b"] == pytest.approx(-0.5)
+    assert z["c"] == pytest.approx(-0.5 * 1.2247449 + 0.5)
+    convex = score_fuse(scores, {"bm25": 0.8, "dense": 0.2}, normalise="minmax")
+    assert convex == [("a", pytest.approx(0.8)), ("b", pytest.approx(0.4)), ("c", pytest.approx(0.2))]
+    assert [key for key, _ in score_fuse(scores, {"bm25": 0.1, "dense": 0.9}, normalise="minmax")] == ["c", "a", "b"]
 
 
 def test_fusion_order_on_cluster_matches_rrf_of_paths(store):

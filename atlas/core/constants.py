@@ -72,6 +72,9 @@ STATE_SUFFIX = "state"
 RRF_RANK_CONSTANT = 30
 #: Candidates taken from each retrieval path (BM25 and kNN) before fusion.
 RRF_WINDOW = 80
+#: Score fusion, the alternative to RRF studied in docs/evaluation.md ("Fusion as a study"): each path's scores
+#: are normalised within the candidates (z-score, or min-max for a convex combination) and added with weights.
+ScoreNormalisation = Literal["zscore", "minmax"]
 #: HNSW graph of the kNN field: links per node and candidates examined while building it.
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 100

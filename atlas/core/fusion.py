@@ -1,4 +1,5 @@
-"""Fusion, by hand: reciprocal rank fusion of the retrieval paths, then the second stage's vote.
+"""Fusion, by hand: reciprocal rank fusion of the retrieval paths (or a weighted sum of their normalised scores),
+then the second stage's vote.
 
 Hand-built on purpose: the integ-test distribution has no `rrf` retriever (and the fused order
 must be the same on every cluster), and the second stage's scores come from a model outside
@@ -29,6 +30,30 @@ def zscore(values: np.ndarray) -> np.ndarray:
     """Standardise within the pool, so scores of different models can be added."""
     std = float(values.std())
     return (values - values.mean()) / std if std > 1e-9 else np.zeros_like(values)
+
+
+def minmax(values: np.ndarray) -> np.ndarray:
+    """Rescale within the pool to [0, 1], the terms of a convex combination."""
+    span = float(values.max() - values.min())
+    return (values - values.min()) / span if span > 1e-12 else np.zeros_like(values)
+
+
+def score_fuse(scores: dict[str, dict[str, float]], weights: dict[str, float], *,
+               normalise: C.ScoreNormalisation) -> list[tuple[str, float]]:
+    """Weighted sum of each path's normalised scores: [(key, score)], best first; ties keep first-seen order.
+
+    A path's scores are normalised over the candidates it returned (`zscore` or `minmax`); a candidate a path
+    did not return gets that path's lowest normalised score, as if it ranked just below its window.
+    """
+    keys = list(dict.fromkeys(key for path in scores.values() for key in path))
+    total = np.zeros(len(keys))
+    for path, found in scores.items():
+        scale = zscore if normalise == "zscore" else minmax
+        normalised = dict(zip(found, scale(np.asarray(list(found.values()), dtype=float)), strict=True))
+        floor = min(normalised.values(), default=0.0)
+        total += weights[path] * np.asarray([normalised.get(key, floor) for key in keys])
+    order = sorted(range(len(keys)), key=lambda i: -total[i])
+    return [(keys[i], float(total[i])) for i in order]
 
 
 def combine(rrf: np.ndarray, second: np.ndarray, *, rrf_weight: float = C.RERANK_RRF_WEIGHT) -> np.ndarray:

@@ -38,14 +38,34 @@ from atlas.research.datasets import (
     read_persona_corpus,
     read_persona_questions,
 )
-from atlas.research.locomo import ADVERSARIAL, CATEGORY_NAMES, MAIN_CATEGORIES, PAPER_REFERENCE, Conversation, questions
-from atlas.research.metrics import percentiles, recall_all, recall_any, recall_fraction, reciprocal_rank, summarise
+from atlas.research.locomo import (
+    ADVERSARIAL,
+    CATEGORY_NAMES,
+    MAIN_CATEGORIES,
+    PAPER_REFERENCE,
+    Conversation,
+    questions,
+    session_of,
+)
+from atlas.research.metrics import (
+    distinct,
+    ndcg,
+    percentiles,
+    recall_all,
+    recall_any,
+    recall_fraction,
+    reciprocal_rank,
+    summarise,
+)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure  # matplotlib is imported only when a figure is drawn
 
 PERSONA_KS = (1, 5, 10)
 LOCOMO_KS = (5, 10, 25, 50)
+#: LoCoMo at the level of sessions (the unit published session-level figures count): the gold sessions are those
+#: of the evidence turns, and the ranking of sessions is the turn ranking by first appearance.
+SESSION_METRICS = ("hit@1", "r@5", "r@10", "ndcg@5")
 #: Seed of every bootstrap interval, so a rerun reports the same interval.
 CI_SEED = 0
 #: The reference design's published Recall@10 on its persona set (no R@5, no MRR published).
@@ -115,6 +135,14 @@ def score(question: EvalQuestion, ranked: Sequence[str], ks: Sequence[int]) -> d
     if relevant:
         out["mrr"] = reciprocal_rank(ranked, relevant)
     return out
+
+
+def session_scores(question: EvalQuestion, ranked: Sequence[str]) -> dict[str, float]:
+    """`SESSION_METRICS` of one LoCoMo question with evidence, from its turn ranking."""
+    sessions = distinct(session_of(key) for key in ranked)
+    gold = {session_of(key) for key in question.relevant}
+    return {"hit@1": recall_any(sessions, gold, 1), "r@5": recall_fraction(sessions, gold, 5),
+            "r@10": recall_fraction(sessions, gold, 10), "ndcg@5": ndcg(sessions, gold, 5)}
 
 
 # --- the loop ------------------------------------------------------------------------------------
@@ -255,18 +283,22 @@ def missed_evidence(rows: Sequence[dict], questions: Sequence[EvalQuestion]) -> 
 
 
 def locomo_report(rows: Sequence[dict], questions: Sequence[EvalQuestion], *, seed: int = CI_SEED) -> dict:
-    """Per mode: the main set (categories 1-4) per category, adversarial apart, and the paper's all-questions
+    """Per mode: the main set (categories 1-4) per category, at the level of turns and of sessions
+    (`SESSION_METRICS`), adversarial apart, and the paper's all-questions
     recall per category and per conversation (one tenant each: does one conversation carry the mean?); with
     both single-path modes, where the default mode's missed evidence stood in each path (`missed`)."""
     metrics = metric_names(LOCOMO_KS)
     paper = [f"paper_r@{k}" for k in LOCOMO_KS]
     main_names = {CATEGORY_NAMES[c] for c in MAIN_CATEGORIES}
+    asked = {q.qid: q for q in questions}
     modes = {}
     for mode, mode_rows in by_mode(rows).items():
         scorable = [r for r in mode_rows if "mrr" in r]
         main = [r for r in scorable if r["group"] in main_names]
         adversarial = [r for r in scorable if r["group"] == CATEGORY_NAMES[ADVERSARIAL]]
+        sessions = [session_scores(asked[r["qid"]], r["ranked"]) | {"group": r["group"]} for r in main]
         modes[mode] = {"main": _summary(main, metrics, "group", "category", seed),
+                       "sessions": _summary(sessions, SESSION_METRICS, "group", "category", seed),
                        "adversarial": _summary(adversarial, metrics, None, "category", seed),
                        "all": _summary(mode_rows, paper, "group", "category", seed)
                        | {"by_conversation":

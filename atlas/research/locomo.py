@@ -56,6 +56,14 @@ PAPER_REFERENCE: dict[str, Any] = {
     },
 }
 
+#: Published LoCoMo retrieval figures at the level of sessions (a hit is any turn of a gold session), as cited in
+#: issue 22. They are context, not head-to-head results: other retrievers, and all 10 conversations.
+SESSION_REFERENCES: dict[str, dict[str, float]] = {
+    "BM25 + max-sim dense, z-score fusion (2026 study, 10 conversations)": {"hit@1": 0.752, "r@5": 0.894,
+                                                                           "ndcg@5": 0.829},
+    "hybrid without an LLM (published)": {"r@10": 0.889},
+}
+
 TENANT_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 _SESSION_KEY = re.compile(r"^session_(\d+)$")
 _DIA_ID = re.compile(r"^D:?(\d+):(\d+)$")
@@ -175,6 +183,11 @@ def _conversation(raw: dict[str, Any]) -> Conversation:
 def source_key(sample_id: str, dia_id: str) -> str:
     """The key that ties a memory to the evidence naming its turn."""
     return f"{sample_id}:{dia_id}"
+
+
+def session_of(key: str) -> str:
+    """The session a turn's source key belongs to: ``"conv-26:D3:5"`` -> ``"conv-26:D3"``."""
+    return key.rsplit(":", 1)[0]
 
 
 def turn_text(turn: Turn) -> str:

@@ -8,7 +8,7 @@ caller decides (and states) how such questions enter a benchmark.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -37,11 +37,23 @@ def recall_any(ranked: Sequence[str], relevant: Collection[str], k: int) -> floa
     return float(bool(top & rel))
 
 
-
 def recall_all(ranked: Sequence[str], relevant: Collection[str], k: int) -> float:
     """1.0 if every relevant item is in the top k, else 0.0: what a multi-hop answer needs."""
     top, rel = _top_k(ranked, relevant, k)
     return float(rel <= top)
+
+
+def ndcg(ranked: Sequence[str], relevant: Collection[str], k: int) -> float:
+    """Normalised discounted cumulative gain at k with binary gains (1 / log2(rank + 1) per relevant item)."""
+    _, rel = _top_k(ranked, relevant, k)
+    gain = sum(1.0 / np.log2(rank + 1) for rank, item in enumerate(distinct(ranked)[:k], start=1) if item in rel)
+    ideal = sum(1.0 / np.log2(rank + 1) for rank in range(1, min(k, len(rel)) + 1))
+    return float(gain / ideal)
+
+
+def distinct(ranked: Iterable[str]) -> list[str]:
+    """Items in order of first appearance: a ranking of units (sessions) taken from a ranking of their parts."""
+    return list(dict.fromkeys(ranked))
 
 
 def reciprocal_rank(ranked: Sequence[str], relevant: Collection[str]) -> float:

@@ -20,8 +20,8 @@ from typing import Any
 from atlas.core import constants as C
 from atlas.core.config import REPO_ROOT
 from atlas.notebook.display import Table, table, truncate
-from atlas.research.evaluate import MISSED_METRICS, REFERENCE_DESIGN
-from atlas.research.locomo import ADVERSARIAL, CATEGORY_NAMES, MAIN_CATEGORIES, PAPER_REFERENCE
+from atlas.research.evaluate import MISSED_METRICS, REFERENCE_DESIGN, SESSION_METRICS
+from atlas.research.locomo import ADVERSARIAL, CATEGORY_NAMES, MAIN_CATEGORIES, PAPER_REFERENCE, SESSION_REFERENCES
 
 EXPECTED_PATH = REPO_ROOT / "results" / "expected.json"
 DOC_PATH = REPO_ROOT / "docs" / "evaluation.md"
@@ -80,6 +80,8 @@ def published_paths(report: Mapping) -> list[str]:
             paths += [f"{at}.main.{m}" for m in [f"r@{k}" for k in ks] + ["any@10", "all@10", "mrr"]]
             paths += [f"{at}.main.by_category.{c}.{m}" for c in summary["main"]["by_category"]
                       for m in ("r@10", "r@25")]
+            paths += [f"{at}.sessions.{m}" for m in SESSION_METRICS]
+            paths += [f"{at}.sessions.by_category.{c}.r@10" for c in summary["sessions"]["by_category"]]
             paths += [f"{at}.adversarial.{m}" for m in ("r@10", "r@25")]
             paths += [f"{at}.all.paper_r@{k}" for k in ks]
             paths += [f"{at}.all.by_category.{c}.paper_r@10" for c in summary["all"]["by_category"]]
@@ -241,6 +243,15 @@ def _locomo_tables(run: Mapping) -> dict[str, Table]:
                                      for mode in modes}} for c in names]
     categories.append({"category": "adversarial (apart)",
                        **{mode: _value(numbers, f"by_mode.{mode}.adversarial.r@10", ci=True) for mode in modes}})
+    session_labels = {"hit@1": "Hit@1", "r@5": "R@5", "r@10": "R@10", "ndcg@5": "NDCG@5"}
+    sessions = [{"mode": mode, **{f"turns {label}": _value(numbers, f"by_mode.{mode}.main.{m}")
+                                  for m, label in session_labels.items() if m in ("r@5", "r@10")},
+                 **{f"sessions {label}": _value(numbers, f"by_mode.{mode}.sessions.{m}", ci=m == "r@10")
+                    for m, label in session_labels.items()}} for mode in modes]
+    sessions += [{"mode": system, **{f"sessions {label}": f"{published[m]:.3f}" for m, label in session_labels.items()
+                                     if m in published}} for system, published in SESSION_REFERENCES.items()]
+    session_cats = [{"category": c, **{mode: _value(numbers, f"by_mode.{mode}.sessions.by_category.{c}.r@10", ci=True)
+                                       for mode in modes}} for c in names]
     paper_ks = [k for k in ks if f"r@{k}" in PAPER_REFERENCE]
     paper = [{"mode": mode, **{f"R@{k}": _value(numbers, f"by_mode.{mode}.all.paper_r@{k}") for k in paper_ks}}
              for mode in modes]
@@ -263,6 +274,11 @@ def _locomo_tables(run: Mapping) -> dict[str, Table]:
                                  "(categories 1-4, questions with evidence): recall of the evidence turns "
                                  "(R@10 with its bootstrap 95% CI)"),
             "categories": _table(categories, "R@10 per category"),
+            **({"sessions": _table(sessions, "Main set at the level of turns and of sessions (a session ranks where "
+                                             "its first turn does; gold sessions hold the evidence; session R@10 with "
+                                             "its bootstrap 95% CI)"),
+                "session_categories": _table(session_cats, "Session R@10 per category")}
+               if f"by_mode.{modes[0]}.sessions.r@10" in numbers else {}),
             "paper": _table(paper, "All questions, scored as the paper does (no evidence = 1, unresolvable "
                                    "reference = miss)"),
             "paper_categories": _table(paper_cats, "All questions, R@10 per category, beside the paper's"),
