@@ -228,11 +228,12 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
            include_superseded: bool = False, mode: C.RecallMode = C.DEFAULT_RECALL_MODE,
            now: datetime | None = None, params: ScoringParams | None = None, window: int = C.RRF_WINDOW,
            rank_constant: int = C.RRF_RANK_CONSTANT, pool: int = C.RERANK_POOL,
-           rrf_weight: float = C.RERANK_RRF_WEIGHT, touch: bool = True, routed: bool = True) -> RecallResult:
+           rrf_weight: float = C.RERANK_RRF_WEIGHT, touch: bool | None = None, routed: bool = True) -> RecallResult:
     """The user's memories (and catalog items) most relevant to `query`, best first.
 
     Reads go through the user's own client. `touch` refreshes `last_used_at` and bumps
-    `use_count` of the current semantic facts returned (evaluations turn it off); `routed` reads only the
+    `use_count` of the current semantic facts returned (evaluations turn it off; `store.touch` when not
+    given, so a server's recalls follow its store); `routed` reads only the
     user's shard of each index (`build_recall_requests`). A query longer
     than `MAX_QUERY_CHARS` is refused: search a stored text with `clip_query`.
     """
@@ -244,7 +245,7 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
     for value, what in ((window, "window"), (pool, "pool"), (rank_constant, "rank_constant")):
         check_k(value, limit=10_000, what=what)
     check_flag(include_superseded, "include_superseded")
-    check_flag(touch, "touch")
+    touch = store.touch if touch is None else check_flag(touch, "touch")
     check_flag(routed, "routed")
     now = check_when(now, "now") if now is not None else store.now()
     params = params or store.params

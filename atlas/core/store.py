@@ -76,6 +76,9 @@ class Store:
     now: Callable[[], datetime] = utcnow
     #: Refresh policy of a single write (`C.WRITE_REFRESH`; the benchmark sweeps it).
     refresh: C.Refresh = C.WRITE_REFRESH
+    #: Whether a recall counts as a use of the facts it returns, unless the call says (off for an audit such
+    #: as the leak sweep, which must not change what it measures).
+    touch: bool = True
     settings: Settings = field(default_factory=load_settings)
 
     def read_client(self, user_id: str) -> Elasticsearch:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import anyio
 from tqdm.auto import tqdm
@@ -190,12 +190,14 @@ def ask_over_mcp(store: Store, plan: Mapping[str, Sequence[str]], *, k: int, mod
                  include_superseded: bool, done: Callable[[], object]) -> Answers:
     """Each tenant's queries as `recall_memory` calls to the MCP server over HTTP, with a token issued to
     that tenant for the sweep (revoked after). The tool's answer carries no owner, so each hit's owner
-    is looked up afterwards by id with the service credential. `mode` is the server's (the default)."""
+    is looked up afterwards by id with the service credential. `mode` is the server's (the default); its
+    recalls do not count as uses, as in the other configurations."""
     tokens = {tenant: issue_token(store, tenant).secret for tenant in plan}
     arguments = {"k": k, "include_superseded": include_superseded}
     try:
         # In a thread of its own: the caller may already run an event loop (a notebook does).
-        with BackgroundServer(create_app(store)) as server, ThreadPoolExecutor(max_workers=1) as pool:
+        with BackgroundServer(create_app(replace(store, touch=False))) as server, \
+                ThreadPoolExecutor(max_workers=1) as pool:
             memories = {tenant: pool.submit(anyio.run, _recall_remote, server.url(tenant), tokens[tenant], queries,
                                             arguments, done).result()
                         for tenant, queries in plan.items()}
