@@ -12,6 +12,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from elasticsearch import Elasticsearch
@@ -27,6 +28,7 @@ from atlas.core.supersession import supersede
 from atlas.core.tenancy import stored_key, user_client
 from atlas.core.tokens import TokenVerifier, issue_token
 from atlas.notebook.inspector import shards_searched, user_shards
+from atlas.notebook.runner import run_notebook, unique_prefix
 from atlas.ops import cluster
 from atlas.stack import open_store
 
@@ -261,3 +263,11 @@ def test_a_rolling_restart_of_every_node_loses_nothing(cstore):
         episodes = cstore.es.count(index=f"{cstore.prefix}-episodic", routing=user,
                                    query={"term": {"user_id": user}})["count"]
         assert episodes >= 3 + len(writers.acked[user])
+
+
+def test_the_cluster_notebook_runs_end_to_end(tmp_path, es):
+    """On a fresh prefix, before nbval checks the committed one: on a clean clone this run also fills the
+    embedding cache, so nbval sees no progress bar that a cold cache would print."""
+    path = Path(__file__).resolve().parents[1] / "notebooks" / "cluster" / "11_three_nodes.ipynb"
+    result = run_notebook(path, tmp_path / "notebooks", outputs_dir=tmp_path, prefix=unique_prefix(path))
+    assert result.ok, f"{path.name} failed: {result.error} (executed copy: {result.output})"
