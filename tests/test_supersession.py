@@ -10,7 +10,7 @@ import pytest
 from atlas.core import supersession
 from atlas.core.constants import SUPERSEDE_CONFIDENCE_PENALTY
 from atlas.core.errors import AlreadySuperseded, ConflictError, NotFound
-from atlas.core.memory import write_memory
+from atlas.core.memory import forget_memory, write_memory
 from atlas.core.recall import recall
 from atlas.core.supersession import archive, history, repair
 
@@ -170,3 +170,30 @@ def test_chain_order_follows_links_not_clocks():
             "m": {"created_at": same, "supersedes": ["a"]}, "b": {"created_at": same}}
     order = [next(k for k, v in docs.items() if v is d) for d in supersession.chain_order(docs)]
     assert order.index("z") < order.index("a") < order.index("m")
+
+
+def test_forget_splices_the_chain(store):
+    """Forgetting a link keeps the chain walkable; forgetting its head makes the fact before it current."""
+    a = write_memory(store, "sarah", "Sarah's car is a Golf", "semantic")
+    b = write_memory(store, "sarah", "Sarah's car is a Polo", "semantic", supersedes_id=a)
+    c = write_memory(store, "sarah", "Sarah's car is a Leaf", "semantic", supersedes_id=b)
+    forget_memory(store, "sarah", b)
+    assert [d["id"] for d in history(store, "sarah", a)] == [a, c]
+    assert _get(store, a)["superseded_by"] == c and _get(store, c)["supersedes"] == [a]
+    forget_memory(store, "sarah", c)
+    assert [d["id"] for d in history(store, "sarah", a)] == [a]
+    assert _get(store, a).get("superseded_by") is None
+    assert a in recall(store, "sarah", "Sarah's car", k=5, touch=False).ids()
+    d = write_memory(store, "sarah", "Sarah's car is a Zoe", "semantic", supersedes_id=a)
+    assert [x["id"] for x in history(store, "sarah", d)] == [a, d]
+
+
+def test_a_link_left_dangling_is_skipped(store):
+    """A fact forgotten before forgets spliced chains left a link to nothing: the chain still reads."""
+    a = write_memory(store, "sarah", "Sarah's bike is red", "semantic")
+    b = write_memory(store, "sarah", "Sarah's bike is blue", "semantic", supersedes_id=a)
+    store.es.delete(index=f"{store.prefix}-semantic", id=b, routing="sarah", refresh=True)
+    assert [d["id"] for d in history(store, "sarah", a)] == [a]
+    with pytest.raises(AlreadySuperseded) as info:  # retired still; the head it names is the last one left
+        write_memory(store, "sarah", "Sarah's bike is green", "semantic", supersedes_id=a)
+    assert info.value.head_id == a

@@ -32,7 +32,7 @@ from atlas.core.errors import AtlasError, PartialWrite, ValidationError
 from atlas.core.schemas import index_name
 from atlas.core.scoring import smoothed_success_rate
 from atlas.core.store import Store
-from atlas.core.supersession import supersede
+from atlas.core.supersession import splice, supersede
 from atlas.core.validation import (
     check_choice,
     check_context,
@@ -130,9 +130,11 @@ def forget_memory(store: Store, user_id: str, doc_id: str) -> str:
     """Hard delete, only on an explicit request, only of the user's own document. Returns its index.
 
     The archive too: a retired fact is still recalled with `include_superseded`, so its owner must be
-    able to forget it there.
+    able to forget it there. A fact in an audit chain is spliced out of it (`supersession.splice`): the
+    chain stays walkable, and forgetting its head makes the fact before it current again.
     """
     doc = prove_ownership(store, user_id, doc_id, archive=True)
+    splice(store, user_id, doc)  # first: a forget that fails half-way is retried, and never leaves a dangling link
     store.es.delete(index=doc.index, id=doc.id, routing=doc.routing, refresh=store.refresh)
     return doc.index
 

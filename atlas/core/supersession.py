@@ -50,10 +50,11 @@ def chain_head(store: Store, user_id: str, doc_id: str) -> str:
     current = prove_ownership(store, user_id, doc_id, archive=True)
     while current.source.get("superseded_by"):
         nxt = current.source["superseded_by"]
-        if nxt in seen:
+        following = None if nxt in seen else _owned_or_none(store, user_id, nxt)
+        if following is None:
             break
         seen.add(nxt)
-        current = prove_ownership(store, user_id, nxt, archive=True)
+        current = following
     return current.id
 
 
@@ -200,6 +201,34 @@ def _find(store: Store, doc_id: str) -> Owned | None:
     return Owned.from_hit(hits[0])
 
 
+def splice(store: Store, user_id: str, gone: Owned) -> None:
+    """Take a forgotten document out of its chain, as if it had never been written.
+
+    Its predecessors now point to its successor, or become current again when it was the chain's head;
+    its successor supersedes its predecessors instead of it. Neighbours already gone are skipped, and a
+    second call changes nothing, so a forget that failed half-way can be retried.
+    """
+    successor = gone.source.get("superseded_by")
+    predecessors = list(gone.source.get("supersedes") or ())
+
+    def repoint(source: dict) -> dict:
+        if source.get("superseded_by") != gone.id:  # relinked by a concurrent writer meanwhile
+            return {}
+        return {"superseded_by": successor, "superseded_at": source.get("superseded_at") if successor else None}
+
+    def relink(source: dict) -> dict:
+        before = list(source.get("supersedes") or ())
+        after = [i for i in before if i != gone.id] + [i for i in predecessors if i not in before]
+        return {"supersedes": after or None}
+
+    for neighbour_id, change in [*((p, repoint) for p in predecessors), *([(successor, relink)] if successor else [])]:
+        try:
+            update_owned(store, user_id, prove_ownership(store, user_id, neighbour_id, archive=True), change,
+                         refresh=store.refresh)
+        except NotFound:
+            continue
+
+
 def history(store: Store, user_id: str, doc_id: str) -> list[dict]:
     """The whole audit chain through `doc_id`, oldest first, read with the user's own client.
 
@@ -208,17 +237,25 @@ def history(store: Store, user_id: str, doc_id: str) -> list[dict]:
     """
     start = prove_ownership(store, user_id, doc_id, archive=True)
     found: dict[str, dict] = {}
-    frontier = [start]
+    frontier: list[Owned | None] = [start]
     while frontier:
         doc = frontier.pop()
-        if doc.id in found:
+        if doc is None or doc.id in found:
             continue
         found[doc.id] = {"id": doc.id, **doc.source}
         neighbours = list(doc.source.get("supersedes") or [])
         if doc.source.get("superseded_by"):
             neighbours.append(doc.source["superseded_by"])
-        frontier += [prove_ownership(store, user_id, n, archive=True) for n in neighbours if n not in found]
+        frontier += [_owned_or_none(store, user_id, n) for n in neighbours if n not in found]
     return chain_order(found)
+
+
+def _owned_or_none(store: Store, user_id: str, doc_id: str) -> Owned | None:
+    """A chain link, or None for one forgotten before `forget_memory` spliced chains (such links dangle)."""
+    try:
+        return prove_ownership(store, user_id, doc_id, archive=True)
+    except NotFound:
+        return None
 
 
 def chain_order(docs: dict[str, dict]) -> list[dict]:

@@ -166,7 +166,8 @@ Write a procedural playbook (name, trigger, ordered steps) when a multi-step fix
 
 FORGET_DESCRIPTION = """Permanently delete one of the user's memories by id.
 Only when the user explicitly asks you to forget or delete something ("forget my old address", "delete that").
-Never to correct or update a fact: write the new fact with supersedes_id instead, which keeps the audit trail."""
+Never to correct or update a fact: write the new fact with supersedes_id instead, which keeps the audit trail.
+Forgetting a fact that replaced an older one makes the older one current again: forget both if both should go."""
 
 TOOLS: dict[str, MemoryTool] = {tool.name: tool for tool in (
     MemoryTool("recall_memory", RECALL_DESCRIPTION, RecallArgs, run_recall, read_only=True),
