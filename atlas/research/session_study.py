@@ -1,6 +1,6 @@
 """The session pass (issue 22) as a study: the default mode with and without it, question by question.
 
-`ask_arms` asks every question once per arm (`ask_all` with the arm's recall options); `paired` gives each
+`ask_arms` asks every question once per arm (`ask` with the arm's recall options); `paired` gives each
 category's mean in both arms and the paired gain with its bootstrap interval; `found_by_pass` lists the
 questions whose evidence the pass brings into the top k, and `evidence_places` shows one of them hit by hit.
 `scripts/session_study.py` runs it on LoCoMo dev and the persona set (docs/evaluation.md, "Spread-out evidence").
@@ -12,12 +12,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from atlas.core import constants as C
 from atlas.core.recall import recall
 from atlas.core.store import Store
 from atlas.notebook.display import Table, table, truncate
-from atlas.research.evaluate import EvalQuestion, ask_all, session_scores
+from atlas.research.evaluate import EvalQuestion, ask, session_scores, warm_query_vectors
 from atlas.research.metrics import bootstrap_ci, percentiles
 
 #: The arms compared: the default mode as it is, and with the session pass over the sessions of the first 10 hits
@@ -29,14 +30,17 @@ ARMS: dict[str, dict[str, Any]] = {"off": {"sessions": 0}, "session pass": {"ses
 def ask_arms(store: Store, questions: Sequence[EvalQuestion], ks: Sequence[int], *,
              arms: Mapping[str, Mapping[str, Any]] = ARMS, sessions: bool = False,
              progress: bool = False) -> dict[str, list[dict]]:
-    """{arm: rows of `ask_all`} in the default mode, each arm's options passed to `recall`; with `sessions`
-    (LoCoMo), a row with evidence also gets its session metrics (`session_<metric>`)."""
-    asked = {q.qid: q for q in questions}
-    out = {}
-    for name, options in arms.items():
-        rows = ask_all(store, questions, [C.DEFAULT_RECALL_MODE], ks, progress=progress, options=options)
-        out[name] = [row | ({f"session_{m}": v for m, v in session_scores(asked[row["qid"]], row["ranked"]).items()}
-                            if sessions and asked[row["qid"]].relevant else {}) for row in rows]
+    """{arm: rows of `ask`} in the default mode, each arm's options passed to `recall`; with `sessions`
+    (LoCoMo), a row with evidence also gets its session metrics (`session_<metric>`). Each question is asked in
+    every arm before the next, so both arms' latencies see the same load."""
+    warm_query_vectors(store, [q.query for q in questions])
+    out: dict[str, list[dict]] = {name: [] for name in arms}
+    for question in tqdm(questions, desc="recall", unit="q", disable=not progress):
+        for name, options in arms.items():
+            row = ask(store, question, C.DEFAULT_RECALL_MODE, ks, options=options)
+            if sessions and question.relevant:
+                row |= {f"session_{m}": v for m, v in session_scores(question, row["ranked"]).items()}
+            out[name].append(row)
     return out
 
 
