@@ -47,13 +47,16 @@ def ask_arms(store: Store, questions: Sequence[EvalQuestion], ks: Sequence[int],
 def paired(base: Sequence[dict], arm: Sequence[dict], *, metric: str = "r@10", groups: Sequence[str] | None = None,
            seed: int = 0) -> list[dict]:
     """Per group (and "all" over those groups): n, the metric in both arms and the arm's paired gain over the base
-    with its bootstrap 95% interval. Questions without the metric (no evidence) are left out."""
+    with its bootstrap 95% interval. Questions without the metric (no evidence) and groups without questions are
+    left out."""
     by_qid = {row["qid"]: row for row in arm}
     scored = [(row, by_qid[row["qid"]]) for row in base if metric in row]
     names = list(groups) if groups is not None else list(dict.fromkeys(row["group"] for row, _ in scored))
     out = []
     for name in [*names, "all"]:
         pairs = [(b[metric], a[metric]) for b, a in scored if b["group"] in names and name in ("all", b["group"])]
+        if not pairs:
+            continue
         gain = [a - b for b, a in pairs]
         low, high = bootstrap_ci(gain, seed=seed)
         out.append({"group": name, "n": len(pairs), "off": float(np.mean([b for b, _ in pairs])),
