@@ -271,7 +271,8 @@ def _session_pass(store: Store, user_id: str, query: str, hits: list[Hit], *, se
 
     In a session's own search both paths rank only its turns, so a turn fair in both (places 60 and 120 of the
     whole memory) can come first in its session. A turn the first pass did not return enters with its ranks and
-    RRF score in its session (paths "bm25@<session id>", "dense@<session id>").
+    RRF score in its session (paths "bm25@<session id>", "dense@<session id>"). Every hit keeps its own `score`,
+    so the order is by place, no longer by score.
     """
     found = list(dict.fromkeys(session for hit in hits[:k] if (session := hit.source.get("session_id"))))[:sessions]
     if not found:
