@@ -28,6 +28,7 @@ from atlas.core.errors import AtlasError
 from atlas.research.evaluate import (PERSONA_GATE, SESSION_METRICS, EvalQuestion, evaluate_locomo, evaluate_persona,
                                      missed_evidence, score, session_scores)
 from atlas.research.fusion_study import Candidate, Captured, cross_validate, replay
+from atlas.research.session_study import found_by_pass, paired
 from atlas.research.locomo import PAPER_REFERENCE, SESSION_REFERENCES, default_path, load_conversations
 from atlas.core.fusion import rrf_fuse
 from atlas.core.memory import bulk_load
@@ -336,3 +337,21 @@ def test_fusion_study_replays_the_default_mode_and_picks_weights_out_of_fold():
     assert folds.chosen == {"u1": 0.9, "u2": 0.9, "u3": 0.9}, "the evidence is BM25's: every fold weighs it up"
     assert folds.best == 0.9
     assert [r["r@5"] for r in folds.rows] == [1.0] * 3 and {r["session_r@10"] for r in folds.rows} == {1.0}
+
+
+# --- the session-pass study ----------------------------------------------------------------------
+
+
+def test_session_study_pairs_the_arms_question_by_question():
+    """Two multi-hop questions, one of which the pass lifts from 0.5 to 1.0; a single-hop one it leaves alone."""
+    def row(qid: str, group: str, r10: float) -> dict:
+        return {"qid": qid, "group": group, "r@10": r10}
+    unscored = {"qid": "d", "group": "adversarial"}
+    off = [row("a", "multi-hop", 0.5), row("b", "multi-hop", 0.0), row("c", "single-hop", 1.0), unscored]
+    on = [row("a", "multi-hop", 1.0), row("b", "multi-hop", 0.0), row("c", "single-hop", 1.0), unscored]
+    by_group = {r["group"]: r for r in paired(off, on, groups=["multi-hop", "single-hop"])}
+    assert (by_group["multi-hop"]["n"], by_group["multi-hop"]["off"], by_group["multi-hop"]["on"]) == (2, 0.25, 0.5)
+    assert by_group["multi-hop"]["gain [95% CI]"].startswith("+0.250 [+0.000, +0.500]")
+    assert by_group["single-hop"]["gain [95% CI]"] == "+0.000 [+0.000, +0.000]"
+    assert by_group["all"]["n"] == 3 and by_group["all"]["on"] == pytest.approx(2.0 / 3)
+    assert found_by_pass(off, on) == ["a"] and found_by_pass(on, off) == []

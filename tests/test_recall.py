@@ -14,8 +14,8 @@ from atlas.core.errors import NotFound, SchemaMismatch, ValidationError
 from atlas.core.documents import build_document
 from atlas.core.memory import bulk_load, forget_memory, write_episode, write_memory
 from atlas.core.passages import passage_sentences, passage_text
-from atlas.core.fusion import rrf_fuse, score_fuse
-from atlas.core.recall import build_recall_requests, pre_recall, recall, to_kibana
+from atlas.core.fusion import interleave, rrf_fuse, score_fuse
+from atlas.core.recall import build_recall_requests, build_session_requests, pre_recall, recall, to_kibana
 from atlas.core.schemas import ensure_indices
 from atlas.stack import open_store
 
@@ -379,3 +379,35 @@ def test_a_named_month_lifts_the_episodes_said_then(store):
     assert named.period is not None and named.period[0].month == 6
     assert named.ids() == [june, july]
     assert '"range": {"timestamp"' in to_kibana(named.requests)
+
+
+def test_interleave_by_hand():
+    """The first `keep` of the ranking, then each group's first, then each one's second, then the rest."""
+    ranked = ["a", "b", "c", "d", "e"]
+    assert interleave(ranked, [["a", "x"], ["d", "y", "z"]], keep=1) == ["a", "d", "x", "y", "z", "b", "c", "e"]
+    assert interleave(ranked, [], keep=2) == ranked
+    assert interleave(ranked, [["e"]], keep=5) == ranked
+
+
+def test_the_session_pass_brings_a_found_sessions_next_turn_up(store):
+    """Searched on its own, the session of the first hit gives its second-best turn, which the whole memory ranks
+    below turns of other sessions; with `keep` 1 it takes place 2. The pass is off by default."""
+    top = write_episode(store, "sarah", "We went hiking in the Brecon mountains with the dog", session_id="trip")
+    later = write_episode(store, "sarah", "Biscuit slept in the tent all night after the long walk", session_id="trip")
+    write_episode(store, "sarah", "The hub firmware update finished overnight", session_id="trip")
+    for i, text in enumerate(["I like hiking boots with a stiff sole", "Snowdon is the highest of the mountains here",
+                              "The dog walker comes on Tuesdays", "Hiking poles are on sale at the outdoor shop"]):
+        write_episode(store, "sarah", text, session_id=f"other-{i}")
+    query = "where did we go hiking with the dog"
+    off = recall(store, "sarah", query, k=3, touch=False)
+    assert off.ids()[0] == top and later not in off.ids(), "the fixture no longer hides the session's second turn"
+    assert recall(store, "sarah", query, k=3, touch=False, sessions=0).ids() == off.ids()
+    on = recall(store, "sarah", query, k=3, touch=False, sessions=1, session_turns=2, session_keep=1)
+    assert on.ids()[:2] == [top, later] and on.ids()[2] == off.ids()[1]
+    assert on.timings["sessions"] > 0 and off.timings["sessions"] == 0
+    bm25, knn = build_session_requests(store, "sarah", query, ["trip"], turns=2, mode="hybrid", types=("episodic",),
+                                       include_superseded=False, now=NOW, params=store.params,
+                                       query_vector=[0.0] * store.embedder.dims)
+    assert [bm25["path"], knn["path"]] == ["bm25@trip", "dense@trip"] and bm25["body"]["size"] == 2
+    for request in (bm25, knn):
+        assert str(request["body"]).count("{'term': {'session_id': 'trip'}}") == (1 if request is bm25 else 2)

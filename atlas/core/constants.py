@@ -75,6 +75,13 @@ RRF_WINDOW = 80
 #: Score fusion, the alternative to RRF studied in docs/evaluation.md ("Fusion as a study"): each path's scores
 #: are normalised within the candidates (z-score, or min-max for a convex combination) and added with weights.
 ScoreNormalisation = Literal["zscore", "minmax"]
+#: The session pass (off at 0): the sessions of the first k hits, at most this many, are searched again, each on
+#: its own (BM25 and kNN, one more `_msearch`), and the best SESSION_PASS_TURNS turns of each are interleaved
+#: after the first SESSION_PASS_KEEP hits (`atlas.core.recall`). Measured on LoCoMo dev and not adopted
+#: (docs/evaluation.md, "Spread-out evidence"): the values are the best of that study.
+SESSION_PASS = 0
+SESSION_PASS_TURNS = 2
+SESSION_PASS_KEEP = 7
 #: HNSW graph of the kNN field: links per node and candidates examined while building it.
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 100

@@ -8,6 +8,9 @@ Elasticsearch. Both are a few lines of arithmetic over ranks and scores.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import zip_longest
+
 import numpy as np
 
 from atlas.core import constants as C
@@ -62,3 +65,13 @@ def combine(rrf: np.ndarray, second: np.ndarray, *, rrf_weight: float = C.RERANK
     Z-scores make a cross-encoder's logits, an endpoint's 0-1 relevances and a cosine weigh alike.
     """
     return rrf_weight * zscore(rrf) + zscore(second)
+
+
+def interleave(ranked: Sequence[str], groups: Sequence[Sequence[str]], *, keep: int) -> list[str]:
+    """The first `keep` of `ranked`, then the groups' keys in turns (each group's first, then each one's second,
+    ...), then the rest of `ranked`: every key once, at its first place."""
+    out = dict.fromkeys(ranked[:keep])
+    for tier in zip_longest(*groups):
+        out.update(dict.fromkeys(key for key in tier if key is not None))
+    out.update(dict.fromkeys(ranked))
+    return list(out)

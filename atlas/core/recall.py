@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from atlas.core import constants as C
 from atlas.core.clock import Period, mentioned_period
 from atlas.core.documents import VECTOR_FIELDS, Owned
 from atlas.core.errors import AtlasError, ValidationError
-from atlas.core.fusion import combine, rrf_fuse
+from atlas.core.fusion import combine, interleave, rrf_fuse
 from atlas.core.memory import record_use
 from atlas.core.schemas import archive_name, build_owner_filter, searchable
 from atlas.core.scoring import ScoringParams, build_scored_query, period_functions
@@ -84,11 +85,15 @@ class RecallResult:
 # --- request bodies ------------------------------------------------------------------
 
 
-def build_filters(prefix: str, user_id: str, *, code_filter: bool = True, include_superseded: bool = False) -> dict:
-    """The user's own documents plus the shared catalog (the code-side twin of the DLS query)."""
+def build_filters(prefix: str, user_id: str, *, code_filter: bool = True, include_superseded: bool = False,
+                  session_id: str | None = None) -> dict:
+    """The user's own documents plus the shared catalog (the code-side twin of the DLS query); with `session_id`,
+    only that session's."""
     clauses: dict = {"filter": [], "must_not": []}
     if code_filter:
         clauses["filter"].append(build_owner_filter(prefix, user_id))
+    if session_id is not None:
+        clauses["filter"].append({"term": {"session_id": session_id}})
     if not include_superseded:
         clauses["must_not"].append({"exists": {"field": "superseded_by"}})
     return {"bool": clauses}
@@ -143,14 +148,17 @@ def paths_of(mode: C.RecallMode) -> tuple[str, ...]:
 def build_recall_requests(store: Store, user_id: str, query: str, *, mode: C.RecallMode,
                           types: Sequence[C.MemoryType], include_superseded: bool, now: datetime,
                           params: ScoringParams, window: int, query_vector: Sequence[float] | None,
-                          period: Period | None = None, routed: bool = True) -> list[dict]:
+                          period: Period | None = None, routed: bool = True,
+                          session_id: str | None = None) -> list[dict]:
     """[{"path", "header", "body"}] of one `_msearch`: one search per retrieval path.
 
     `routed` searches only the user's shard of each index (`routing=user_id`, where all of the user's
-    documents live, `documents.routing_of`); without, every shard is asked (the benchmark's comparison)."""
+    documents live, `documents.routing_of`); without, every shard is asked (the benchmark's comparison).
+    `session_id` restricts every path to that session (`build_session_requests`)."""
     header = {"index": recall_indices(store, types, include_superseded),
               **({"routing": user_id} if routed else {}), "ignore_unavailable": True}
-    filters = build_filters(store.prefix, user_id, code_filter=store.code_filter, include_superseded=include_superseded)
+    filters = build_filters(store.prefix, user_id, code_filter=store.code_filter, include_superseded=include_superseded,
+                            session_id=session_id)
     requests = []
     for path in paths_of(mode):
         if path == "bm25":
@@ -163,12 +171,44 @@ def build_recall_requests(store: Store, user_id: str, query: str, *, mode: C.Rec
     return requests
 
 
+def build_session_requests(store: Store, user_id: str, query: str, sessions: Sequence[str], *, turns: int,
+                           **options: Any) -> list[dict]:
+    """The session pass's `_msearch`: each path's search again within each of `sessions`, `turns` hits each.
+
+    A request's path is "<path>@<session id>"; `options` are `build_recall_requests`'s."""
+    return [request | {"path": f"{request['path']}@{session}"} for session in sessions
+            for request in build_recall_requests(store, user_id, query, window=turns, session_id=session, **options)]
+
+
 def to_kibana(requests: list[dict]) -> str:
     """The `_msearch` as it would be typed in Kibana Dev Tools."""
     lines = ["GET _msearch"]
     for request in requests:
         lines += [json.dumps(request["header"]), json.dumps(request["body"])]
     return "\n".join(lines)
+
+
+def _msearch(store: Store, user_id: str, requests: list[dict]
+             ) -> tuple[dict[str, dict], dict[str, list[str]], dict[str, dict[str, float]]]:
+    """Send `requests` as one `_msearch`: ({key: raw hit}, {path: [key, ...]}, {key: {path: _score}}),
+    a key being "<index>/<id>"."""
+    searches = [part for r in requests for part in (r["header"], r["body"])]
+    responses = store.read_client(user_id).msearch(searches=searches)["responses"]
+    raw: dict[str, dict] = {}
+    rankings: dict[str, list[str]] = {}
+    path_scores: dict[str, dict[str, float]] = {}
+    for request, response in zip(requests, responses, strict=True):
+        if "error" in response:
+            error = response["error"]
+            reason = (error.get("root_cause") or [error])[0].get("reason")
+            raise AtlasError(f"{request['path']} search failed: {reason}")
+        rankings[request["path"]] = []
+        for doc in response["hits"]["hits"]:
+            key = f"{doc['_index']}/{doc['_id']}"
+            raw.setdefault(key, doc)
+            rankings[request["path"]].append(key)
+            path_scores.setdefault(key, {})[request["path"]] = doc["_score"]
+    return raw, rankings, path_scores
 
 
 def _hit(raw: dict, ranks: dict[str, int], path_scores: dict[str, float], rrf: float) -> Hit:
@@ -221,6 +261,35 @@ def _second_stage(store: Store, user_id: str, query: str, pool: list[Hit], rrf_w
     pool.sort(key=lambda h: -h.score)
 
 
+# --- the session pass -------------------------------------------------------------------------
+
+
+def _session_pass(store: Store, user_id: str, query: str, hits: list[Hit], *, sessions: int, turns: int, keep: int,
+                  k: int, rank_constant: int, **options: Any) -> list[Hit]:
+    """Search the sessions of the first `k` hits again, each on its own, and interleave their best turns after the
+    first `keep` hits (`atlas.core.fusion.interleave`).
+
+    In a session's own search both paths rank only its turns, so a turn fair in both (places 60 and 120 of the
+    whole memory) can come first in its session. A turn the first pass did not return enters with its ranks and
+    RRF score in its session (paths "bm25@<session id>", "dense@<session id>"). Every hit keeps its own `score`,
+    so the order is by place, no longer by score.
+    """
+    found = list(dict.fromkeys(session for hit in hits[:k] if (session := hit.source.get("session_id"))))[:sessions]
+    if not found:
+        return hits
+    raw, rankings, path_scores = _msearch(store, user_id, build_session_requests(
+        store, user_id, query, found, turns=turns, types=("episodic",), include_superseded=False, **options))
+    known = {f"{hit.index}/{hit.id}": hit for hit in hits}
+    groups = []
+    for session in found:
+        fused = rrf_fuse({path: keys for path, keys in rankings.items() if path.endswith(f"@{session}")},
+                         rank_constant=rank_constant)
+        for key, score, ranks in fused:
+            known.setdefault(key, _hit(raw[key], ranks, path_scores[key], score))
+        groups.append([key for key, _, _ in fused])
+    return [known[key] for key in interleave([f"{hit.index}/{hit.id}" for hit in hits], groups, keep=keep)]
+
+
 # --- recall ------------------------------------------------------------------------------------
 
 
@@ -228,13 +297,16 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
            include_superseded: bool = False, mode: C.RecallMode = C.DEFAULT_RECALL_MODE,
            now: datetime | None = None, params: ScoringParams | None = None, window: int = C.RRF_WINDOW,
            rank_constant: int = C.RRF_RANK_CONSTANT, pool: int = C.RERANK_POOL,
-           rrf_weight: float = C.RERANK_RRF_WEIGHT, touch: bool | None = None, routed: bool = True) -> RecallResult:
+           rrf_weight: float = C.RERANK_RRF_WEIGHT, touch: bool | None = None, routed: bool = True,
+           sessions: int = C.SESSION_PASS, session_turns: int = C.SESSION_PASS_TURNS,
+           session_keep: int = C.SESSION_PASS_KEEP) -> RecallResult:
     """The user's memories (and catalog items) most relevant to `query`, best first.
 
     Reads go through the user's own client. `touch` refreshes `last_used_at` and bumps
     `use_count` of the current semantic facts returned (evaluations turn it off; `store.touch` when not
     given, so a server's recalls follow its store); `routed` reads only the
-    user's shard of each index (`build_recall_requests`). A query longer
+    user's shard of each index (`build_recall_requests`). `sessions` (0: off) runs the session pass over the
+    sessions of the first `k` hits (`_session_pass`; a second `_msearch`). A query longer
     than `MAX_QUERY_CHARS` is refused: search a stored text with `clip_query`.
     """
     check_user(user_id)
@@ -244,12 +316,14 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
     checked_types = check_types(types)
     for value, what in ((window, "window"), (pool, "pool"), (rank_constant, "rank_constant")):
         check_k(value, limit=10_000, what=what)
+    for value, what in ((sessions, "sessions"), (session_turns, "session_turns"), (session_keep, "session_keep")):
+        check_k(value, limit=C.MAX_K, what=what, low=0)
     check_flag(include_superseded, "include_superseded")
     touch = store.touch if touch is None else check_flag(touch, "touch")
     check_flag(routed, "routed")
     now = check_when(now, "now") if now is not None else store.now()
     params = params or store.params
-    timings = {"embed": 0.0, "es": 0.0, "fusion": 0.0, "second": 0.0}
+    timings = {"embed": 0.0, "es": 0.0, "fusion": 0.0, "second": 0.0, "sessions": 0.0}
     started = time.perf_counter()
     query_vector = store.embedder.embed_queries([query])[0] if mode != "bm25" else None
     timings["embed"] = time.perf_counter() - started
@@ -259,24 +333,9 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
                                      window=max(window, k), query_vector=query_vector, period=period,
                                      routed=routed)
     started = time.perf_counter()
-    searches = [part for r in requests for part in (r["header"], r["body"])]
-    responses = store.read_client(user_id).msearch(searches=searches)["responses"]
+    raw, rankings, path_scores = _msearch(store, user_id, requests)
     timings["es"] = time.perf_counter() - started
     started = time.perf_counter()
-    raw: dict[str, dict] = {}
-    rankings: dict[str, list[str]] = {}
-    path_scores: dict[str, dict[str, float]] = {}
-    for request, response in zip(requests, responses, strict=True):
-        if "error" in response:
-            error = response["error"]
-            reason = (error.get("root_cause") or [error])[0].get("reason")
-            raise AtlasError(f"{request['path']} search failed: {reason}")
-        rankings[request["path"]] = []
-        for doc in response["hits"]["hits"]:
-            key = f"{doc['_index']}/{doc['_id']}"
-            raw.setdefault(key, doc)
-            rankings[request["path"]].append(key)
-            path_scores.setdefault(key, {})[request["path"]] = doc["_score"]
     hits = [_hit(raw[key], ranks, path_scores[key], score)
             for key, score, ranks in rrf_fuse(rankings, rank_constant=rank_constant)]
     if not include_superseded:
@@ -296,6 +355,12 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
             except AtlasError as exc:
                 note = f"second stage failed ({exc}): RRF order"
             timings["second"] = time.perf_counter() - started
+    if sessions and session_turns and "episodic" in checked_types and hits:
+        started = time.perf_counter()
+        hits = _session_pass(store, user_id, query, hits, sessions=sessions, turns=session_turns, keep=session_keep,
+                             k=k, rank_constant=rank_constant, mode=mode, now=now, params=params,
+                             query_vector=query_vector, period=period, routed=routed)
+        timings["sessions"] = time.perf_counter() - started
     hits = hits[:k]
     if touch:
         facts = [Owned(h.id, h.index, h.source, h.seq_no, h.primary_term) for h in hits

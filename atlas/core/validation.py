@@ -95,9 +95,9 @@ def check_types(types: Iterable[str] | None) -> tuple[C.MemoryType, ...]:
     return checked
 
 
-def check_k(k: object, *, limit: int = C.MAX_K, what: str = "k") -> int:
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limit:
-        raise ValidationError(f"{what} must be an integer from 1 to {limit}, not {k!r}")
+def check_k(k: object, *, limit: int = C.MAX_K, what: str = "k", low: int = 1) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or not low <= k <= limit:
+        raise ValidationError(f"{what} must be an integer from {low} to {limit}, not {k!r}")
     return k
 
 

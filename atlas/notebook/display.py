@@ -288,6 +288,9 @@ class RecallOptions(TypedDict, total=False):
     rank_constant: int
     pool: int
     rrf_weight: float
+    sessions: int
+    session_turns: int
+    session_keep: int
 
 
 @dataclass

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
@@ -171,10 +171,12 @@ def warm_query_vectors(store: Store, queries: Sequence[str]) -> None:
         store.second_stage.embedder.embed_queries(list(queries))
 
 
-def ask(store: Store, question: EvalQuestion, mode: C.RecallMode, ks: Sequence[int]) -> dict:
-    """One recall, scored: the row every report is built from."""
+def ask(store: Store, question: EvalQuestion, mode: C.RecallMode, ks: Sequence[int], *,
+        options: Mapping[str, Any] | None = None) -> dict:
+    """One recall, scored: the row every report is built from. `options` go to `recall` (e.g. `sessions`)."""
     started = time.perf_counter()
-    result = recall(store, question.user_id, question.query, k=max(ks), mode=mode, now=question.now, touch=False)
+    result = recall(store, question.user_id, question.query, k=max(ks), mode=mode, now=question.now, touch=False,
+                    **(options or {}))
     latency = time.perf_counter() - started
     ranked = [hit.source.get("source_key") or hit.id for hit in result.hits]
     return {"qid": question.qid, "user_id": question.user_id, "mode": mode, "group": question.group,
@@ -186,14 +188,14 @@ def ask(store: Store, question: EvalQuestion, mode: C.RecallMode, ks: Sequence[i
 
 
 def ask_all(store: Store, questions: Sequence[EvalQuestion], modes: Sequence[C.RecallMode], ks: Sequence[int], *,
-            progress: bool = True) -> list[dict]:
+            progress: bool = True, options: Mapping[str, Any] | None = None) -> list[dict]:
     """Every question in every mode, sequentially (latencies are not measured under self-made load)."""
     warm_query_vectors(store, [q.query for q in questions])
     rows = []
     with tqdm(total=len(questions) * len(modes), desc="recall", unit="q", disable=not progress) as bar:
         for mode in modes:
             for question in questions:
-                rows.append(ask(store, question, mode, ks))
+                rows.append(ask(store, question, mode, ks, options=options))
                 bar.update()
     return rows
 
