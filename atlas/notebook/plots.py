@@ -140,8 +140,9 @@ def score_spread(scores: Mapping[str, Mapping[str, Sequence[float]]], *, out_dir
             if len(values):
                 ax.annotate(f"range {values.min():.2f}-{values.max():.2f}", (0, row + 0.25), fontsize=7)
         ax.set_yticks(range(len(questions)), questions if i == 1 else [""] * len(questions), fontsize=8)
-        ax.set(xlabel=f"{path} _score (raw, no unit)", xlim=(0, None), ylim=(-0.6, len(questions) - 0.2),
-               title=f"{path}")
+        top = max((max(v) for v in scores[path].values() if len(v)), default=1.0)
+        ax.set(xlabel=f"{path} _score (raw, no unit)", xlim=(0, 1.1 * top), ylim=(-0.6, len(questions) - 0.2),
+               ylabel="question" if i == 1 else "", title=f"{path}")
         ax.invert_yaxis()
         ax.grid(axis="x", alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
@@ -187,7 +188,7 @@ def supersession_timeline(chain: Sequence[Mapping], *, now: datetime, labels: Ma
     ax.set_yticks(range(len(chain)), [names[doc["id"]] for doc in chain], fontsize=8)
     ax.invert_yaxis()
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%Y-%m"))
-    ax.set(xlabel="date (year-month)", title="Supersession: when each fact was true in memory")
+    ax.set(xlabel="date (year-month)", ylabel="fact", title="Supersession: when each fact was true in memory")
     handles = [Patch(color="C0", label="current"), Patch(facecolor="lightgrey", edgecolor="C0", label="superseded"),
                Line2D([], [], color="C2", marker=">", label="retired by (natural)"),
                Line2D([], [], color="C3", marker=">", label="retired by (harsh)"),
