@@ -5,8 +5,8 @@ numbered exercises and a link to `solutions/NN_solutions.ipynb`. A solution note
 tagged `parameters` (`INDEX_PREFIX = "sol-NN"`, `NOW`, `OUT_DIR`), answers each exercise with an assertion
 where the answer is a fact of the data, and drops its prefix in its last code cell. The test runs it on a fresh
 prefix (`sol-NN-<random>`) and requires nothing to be left behind. Solutions are short: a few seconds of work
-beyond the kernel's start, since they run in `make test`. nbval does not check them (`make test` ignores the
-folder): their assertions are the check.
+beyond the kernel's start, since they run in `make test`. They are committed without outputs and nbval does not
+check them (`make test` ignores the folder): their assertions are the check.
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ def test_solution_follows_conventions(path):
     assert len(params) == 1, "exactly one cell tagged `parameters`"
     for words in (f'INDEX_PREFIX = "sol-{nn}"', "NOW =", "OUT_DIR ="):
         assert words in params[0].source, f"the parameters cell does not set {words}"
-    last_code = [c for c in nb.cells if c.cell_type == "code"][-1]
-    assert ".drop()" in last_code.source or "drop_indices" in last_code.source, "the last code cell drops the prefix"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert ".drop()" in code[-1].source or "drop_indices" in code[-1].source, "the last code cell drops the prefix"
+    assert not any(c.get("outputs") for c in code), "solutions are committed without outputs"
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=[p.stem for p in SOLUTIONS])
