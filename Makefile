@@ -68,7 +68,7 @@ lint: setup
 # Chromium among them), papermill of every notebook, nbval of the committed ones.
 test: lint es-up browser
 	$(PY) -m pytest tests -q
-	$(PY) -m pytest --nbval notebooks --ignore=notebooks/cluster --nbval-sanitize-with notebooks/sanitize.cfg \
+	$(PY) -m pytest --nbval notebooks --ignore=notebooks/cluster --ignore=notebooks/solutions --nbval-sanitize-with notebooks/sanitize.cfg \
 		-p no:cacheprovider -q
 
 # The local three-node cluster (docs/elasticsearch.md): start it beside the single node, run the cluster tests

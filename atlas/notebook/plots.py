@@ -9,14 +9,21 @@ Curves are computed by the package (`atlas.core.scoring`), never re-derived here
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 
+import matplotlib.dates as mdates
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
+from atlas.core.clock import parse_date
 from atlas.core.scoring import DEFAULT_PARAMS, ScoringParams, days, recency, use_boost
 
 FIGURES = "figures"
@@ -110,6 +117,138 @@ def mode_ranks(ranks: Mapping[str, Mapping[str, int | None]], *, depth: int = 20
     if isinstance(locator, MaxNLocator):  # the default AutoLocator of a linear axis
         locator.set_params(integer=True)
     ax.legend(fontsize=8, ncols=len(modes), loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)
+    return _finish(fig, name, out_dir)
+
+
+def score_spread(scores: Mapping[str, Mapping[str, Sequence[float]]], *, out_dir: str | Path | None = None,
+                 name: str = "score_spread") -> Figure:
+    """Each path's raw `_score` of every candidate, one row per question, one panel per path, each axis from 0.
+
+    `scores` is {path: {question: scores}} (`Hit.path_scores` of a hybrid recall): the kNN band is narrow
+    where BM25's scores spread out, which is why only ranks are fused.
+    """
+    paths = list(scores)
+    questions = list(dict.fromkeys(q for per_path in scores.values() for q in per_path))
+    fig = plt.figure(figsize=(4.0 * len(paths), 0.7 * len(questions) + 1.6))
+    plt.close(fig)
+    for i, path in enumerate(paths, start=1):
+        ax = fig.add_subplot(1, len(paths), i)
+        for row, question in enumerate(questions):
+            values = np.asarray(scores[path].get(question, []), dtype=float)
+            ax.plot(values, np.full(len(values), row), "o", alpha=0.6, color=f"C{i - 1}",
+                    label="one candidate" if row == 0 else None)
+            if len(values):
+                ax.annotate(f"range {values.min():.2f}-{values.max():.2f}", (0, row + 0.25), fontsize=7)
+        ax.set_yticks(range(len(questions)), questions if i == 1 else [""] * len(questions), fontsize=8)
+        top = max((max(v) for v in scores[path].values() if len(v)), default=1.0)
+        ax.set(xlabel=f"{path} _score (raw, no unit)", xlim=(0, 1.1 * top), ylim=(-0.6, len(questions) - 0.2),
+               ylabel="question" if i == 1 else "", title=f"{path}")
+        ax.invert_yaxis()
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle("Raw scores of each path's candidates (each axis from 0)")
+    return _finish(fig, name, out_dir)
+
+
+def scores_over_time(days_after: Sequence[float], scores: Mapping[str, Sequence[float | None]], *,
+                     out_dir: str | Path | None = None, name: str = "decay_scores") -> Figure:
+    """Each memory's final score (relevance times its multipliers) for recalls at `now` + days, one line each."""
+    fig, ax = _new()
+    years = np.asarray(days_after, dtype=float) / 365
+    for i, (label, values) in enumerate(scores.items()):
+        ax.plot(years, [np.nan if v is None else v for v in values], "o-" if len(years) < 30 else "-",
+                markersize=3, label=label, color=f"C{i}")
+    ax.set(xlabel="years after NOW (the recall's `now`)", ylabel="BM25 _score x multipliers",
+           title="The same question asked later: scores as the memories age")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _finish(fig, name, out_dir)
+
+
+def supersession_timeline(chain: Sequence[Mapping], *, now: datetime, labels: Mapping[str, str] | None = None,
+                          out_dir: str | Path | None = None, name: str = "supersession_timeline") -> Figure:
+    """Each fact of `chain` (`atlas.core.supersession.history` documents) as a bar from its creation to its
+    supersession (or `now`), with an arrow to what retired it; harsh contradictions in red."""
+    names = {doc["id"]: (labels or {}).get(doc["id"], doc["id"]) for doc in chain}
+    row = {doc["id"]: i for i, doc in enumerate(chain)}
+    fig, ax = _new(height=0.45 * len(chain) + 1.5)
+    for doc in chain:
+        start = parse_date(doc["created_at"])
+        end = parse_date(doc["superseded_at"]) if doc.get("superseded_at") else now
+        current = not doc.get("superseded_by")
+        ax.barh(row[doc["id"]], (end - start).days, left=mdates.date2num(start), height=0.5,
+                color="C0" if current else "lightgrey", edgecolor="C0")
+        target = doc.get("superseded_by")
+        if target in row:
+            kind = next(d.get("contradiction") for d in chain if d["id"] == target)
+            ax.annotate("", xy=(mdates.date2num(end), row[target]), xytext=(mdates.date2num(end), row[doc["id"]]),
+                        arrowprops={"arrowstyle": "->", "color": "C3" if kind == "harsh" else "C2"})
+    ax.axvline(mdates.date2num(now), color="black", linestyle=":", linewidth=1)
+    ax.set_yticks(range(len(chain)), [names[doc["id"]] for doc in chain], fontsize=8)
+    ax.invert_yaxis()
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%Y-%m"))
+    ax.set(xlabel="date (year-month)", ylabel="fact", title="Supersession: when each fact was true in memory")
+    handles = [Patch(color="C0", label="current"), Patch(facecolor="lightgrey", edgecolor="C0", label="superseded"),
+               Line2D([], [], color="C2", marker=">", label="retired by (natural)"),
+               Line2D([], [], color="C3", marker=">", label="retired by (harsh)"),
+               Line2D([], [], color="black", linestyle=":", label="NOW")]
+    ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncols=5, frameon=False)
+    return _finish(fig, name, out_dir)
+
+
+def tenant_heatmap(counts: Mapping[str, Mapping[str, Mapping[str, int]]], *, tenants: Sequence[str],
+                   shared: str, out_dir: str | Path | None = None, name: str = "leak_heatmap") -> Figure:
+    """Hits by tenant asking (rows) and owner of the hit (columns: the tenants, then `shared`), one panel per
+    configuration (`counts` is {configuration: {tenant: {owner: hits}}}); off the diagonal is a leak."""
+    owners = [*tenants, shared]
+    configurations = list(counts)
+    fig = plt.figure(figsize=(5.2 * len(configurations) + 1.0, 0.32 * len(tenants) + 2.4))
+    plt.close(fig)
+    matrices = [np.array([[counts[c].get(t, {}).get(o, 0) for o in owners] for t in tenants])
+                for c in configurations]
+    top = max(1, *(int(m.max()) for m in matrices))
+    for i, (configuration, matrix) in enumerate(zip(configurations, matrices, strict=True), start=1):
+        ax = fig.add_subplot(1, len(configurations), i)
+        ax.imshow(np.ma.masked_equal(matrix, 0), cmap="viridis", vmin=0, vmax=top, aspect="auto")
+        for (r, c), value in np.ndenumerate(matrix):
+            if value and r != c and c < len(tenants):
+                ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1))
+        leaked = int(sum(matrix[r, c] for r in range(len(tenants)) for c in range(len(tenants)) if r != c))
+        ax.set_xticks(range(len(owners)), owners, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(tenants)), tenants if i == 1 else [""] * len(tenants), fontsize=7)
+        ax.set(xlabel="owner of the hit", title=f"{configuration}: {leaked} leaked hits")
+        if i == 1:
+            ax.set_ylabel("tenant asking")
+    bar = fig.colorbar(ScalarMappable(Normalize(0, top), "viridis"), ax=fig.axes, fraction=0.03)
+    bar.set_label("hits (blank: none; red box: another tenant's)")
+    fig.suptitle("Whose memories each tenant's recalls returned")
+    if out_dir is not None:
+        save(fig, name, out_dir)
+    return fig
+
+
+def precision_recall(scores: Mapping[str, Mapping[str, int]], *, title: str, out_dir: str | Path | None = None,
+                     name: str = "precision_recall") -> Figure:
+    """Precision (matched / proposed) and recall (matched / expected) per kind, each bar labelled with its counts.
+
+    `scores` is {kind: {"matched", "proposed", "expected"}}, e.g. `Evaluation.metrics()` of
+    `atlas.research.consolidation_eval`.
+    """
+    kinds = list(scores)
+    fig, ax = _new(width=max(6.0, 1.3 * len(kinds) + 2), height=3.8)
+    x = np.arange(len(kinds))
+    for i, (what, denominator) in enumerate((("precision", "proposed"), ("recall", "expected"))):
+        fractions = [(scores[k]["matched"], scores[k][denominator]) for k in kinds]
+        bars = ax.bar(x + (i - 0.5) * 0.4, [m / d if d else 0 for m, d in fractions], 0.4,
+                      label=f"{what} (matched / {denominator})")
+        for bar, (m, d) in zip(bars, fractions, strict=True):
+            ax.annotate(f"{m}/{d}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                        va="bottom", fontsize=7)
+    ax.set_xticks(x, kinds, fontsize=9)
+    ax.set(xlabel="what the proposer extracts", ylabel="share (0-1)", ylim=(0, 1.15), title=title)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2, frameon=False)
     return _finish(fig, name, out_dir)
 
 

@@ -9,6 +9,7 @@ server over HTTP, each tenant holding only their Atlas token, as a tenant really
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -28,6 +29,8 @@ from atlas.serve.mcp_server import BackgroundServer, create_app, open_client
 
 #: Longest adversarial query (another tenant's document text), in characters.
 ADVERSARIAL_QUERY_CHARS = 1000
+#: The owner `SweepResult.by_owner` gives the shared catalog's hits.
+CATALOG_OWNER = "(catalog)"  # not a valid user id, so never a tenant
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,8 @@ class SweepResult:
     own: int = 0
     catalog: int = 0
     leaks: list[Leak] = field(default_factory=list)
+    #: {tenant asking: {owner of the hit (`CATALOG_OWNER` for the catalog): hits}}: the tenant-by-tenant picture.
+    by_owner: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
 
 
 @dataclass
@@ -158,6 +163,7 @@ def leak_sweep(store: Store, questions: Mapping[str, Sequence[str]], *, k: int =
                     result.queries += 1
                     result.hits += len(seen)
                     for hit in seen:
+                        result.by_owner[tenant][hit.owner or CATALOG_OWNER] += 1
                         if hit.owner is None:
                             result.catalog += 1
                         elif hit.owner == tenant:

@@ -1,0 +1,73 @@
+"""The notebooks' figures (`atlas.notebook.plots`) carry what a reader needs: a title, labelled axes, a legend
+or a colour bar naming what is drawn, tick labels that do not overlap, and the saved file is the figure shown.
+
+Drawn from small hand-made inputs, without a cluster.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from itertools import combinations
+
+import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from atlas.notebook import plots
+
+NOW = datetime(2026, 11, 1, 12, tzinfo=UTC)
+
+
+def _iso(days_before: int) -> str:
+    return (NOW - timedelta(days=days_before)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+
+
+CHAIN = [{"id": "a", "created_at": _iso(700), "superseded_by": "b", "superseded_at": _iso(200)},
+         {"id": "b", "created_at": _iso(200), "contradiction": "natural"},
+         {"id": "c", "created_at": _iso(400), "superseded_by": "d", "superseded_at": _iso(30)},
+         {"id": "d", "created_at": _iso(30), "contradiction": "harsh"}]
+TENANTS = [f"tenant-{i:02d}" for i in range(12)]
+
+FIGURES = {
+    "score_spread": lambda out: plots.score_spread(
+        {"bm25": {"q1": [0.2, 1.5, 3.1], "q2": [0.1, 0.4]}, "dense": {"q1": [0.71, 0.8], "q2": [0.72, 0.84]}},
+        out_dir=out),
+    "decay_scores": lambda out: plots.scores_over_time(
+        [0, 365, 730], {"porch": [0.6, 0.5, 0.4], "hall": [0.35, 0.34, 0.33]}, out_dir=out),
+    "supersession_timeline": lambda out: plots.supersession_timeline(
+        CHAIN, now=NOW, labels={"a": "bristol", "b": "edinburgh", "c": "beagle", "d": "spaniel"}, out_dir=out),
+    "leak_heatmap": lambda out: plots.tenant_heatmap(
+        {"guarded": {t: {t: 9, "(catalog)": 1} for t in TENANTS},
+         "unguarded": {t: {o: 1 for o in TENANTS} for t in TENANTS}}, tenants=TENANTS, shared="(catalog)",
+        out_dir=out),
+    "precision_recall": lambda out: plots.precision_recall(
+        {"facts": {"matched": 14, "proposed": 19, "expected": 22},
+         "outcomes": {"matched": 6, "proposed": 6, "expected": 8}}, title="a proposer", out_dir=out),
+}
+
+
+def _overlapping(fig: Figure) -> list[tuple[str, str]]:
+    """Pairs of visible tick labels on the same axis whose boxes overlap."""
+    renderer = FigureCanvasAgg(fig).get_renderer()  # the figure was closed: give it a canvas to measure on
+    pairs = []
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            labels = [t for t in axis.get_ticklabels() if t.get_visible() and t.get_text()]
+            boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in labels]
+            pairs += [(a, b) for (a, box_a), (b, box_b) in combinations(boxes, 2) if box_a.overlaps(box_b)]
+    return pairs
+
+
+@pytest.mark.parametrize("name", FIGURES)
+def test_figure_is_labelled_and_saved(name, tmp_path):
+    fig = FIGURES[name](tmp_path)
+    titled = fig.get_suptitle() or any(ax.get_title() for ax in fig.axes)
+    assert titled, f"{name}: no title"
+    plotted = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    for ax in plotted:
+        assert ax.get_xlabel(), f"{name}: an x axis without a label"
+    assert any(ax.get_ylabel() for ax in fig.axes), f"{name}: no y label"
+    named = [ax for ax in plotted if ax.get_legend() is not None] or len(fig.axes) > len(plotted)  # legend or bar
+    assert named, f"{name}: nothing names what is drawn (no legend, no colour bar)"
+    assert not _overlapping(fig), f"{name}: overlapping tick labels {_overlapping(fig)}"
+    assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 0
