@@ -15,17 +15,19 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TypedDict, Unpack
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from elasticsearch import Elasticsearch
 
-from atlas.consolidation.consolidate import ConsolidationReport, Decision
 from atlas.core import constants as C
 from atlas.core.clock import parse_date
 from atlas.core.recall import RecallResult, recall, to_kibana
 from atlas.core.scoring import DECAY_FIELD, DEFAULT_PARAMS, ScoringParams, multiplier, recency, use_boost
 from atlas.core.store import Store
 from atlas.ops.capabilities import Capability
+
+if TYPE_CHECKING:  # annotations only: importing consolidation pulls in openai, a second per notebook kernel
+    from atlas.consolidation.consolidate import ConsolidationReport, Decision
 
 #: Characters of memory text shown in a table cell.
 TEXT_WIDTH = 60
