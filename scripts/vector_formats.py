@@ -1,13 +1,14 @@
 """Compact vectors, measured (docs/benchmarks.md "Compact vectors"): size, vector memory and recall per vector format.
 
     .venv/bin/python scripts/vector_formats.py [--locomo dev|ci] [--formats v3,int8_hnsw,bbq_hnsw]
+                                               [--sets persona,locomo]
 
-One run loads persona and LoCoMo (the dev split, or `--locomo ci`: the first 2 conversations) into a fresh prefix
-per format, asks every question in every recall mode, and measures each prefix: primary bytes on disk
-(`atlas.research.bench.index_size`) and the vector files of `_stats/dense_vector` (`off_heap`: the HNSW graph
+One run loads persona and LoCoMo (the dev split, or `--locomo ci`: the first 2 conversations; `--sets` picks) into
+a fresh prefix per format, asks every question in every recall mode, and measures each prefix: primary bytes on
+disk (`atlas.research.bench.index_size`) and the vector files of `_stats/dense_vector` (`off_heap`: the HNSW graph
 `vex`, raw floats `vec`, int8 `veq`, bbq `veb`). What a kNN search keeps in the page cache is the graph and the
-vectors it scores: `vec` for `hnsw`, `veq` for `int8_hnsw`, `veb` for `bbq_hnsw` (whose rescoring reads a few
-raw floats per query). Writes `outputs/vector_formats.json` and prints the table.
+vectors it scores: `vec` for `hnsw`, `veq` for `int8_hnsw`, `veb` for `bbq_hnsw` (whose rescoring reads a few raw
+floats per query). Writes `outputs/vector_formats-<sets>.json` and prints the table.
 """
 
 from __future__ import annotations
@@ -86,12 +87,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--locomo", choices=("dev", "ci"), default="dev")
     parser.add_argument("--formats", default="v3,int8_hnsw,bbq_hnsw", help=f"of {', '.join(FORMATS)}")
+    parser.add_argument("--sets", default="persona,locomo", help="of persona, locomo")
     args = parser.parse_args()
     conversations = load_conversations()[:2 if args.locomo == "ci" else None]
-    out = load_settings().outputs_dir / "vector_formats.json"
-    results: dict = {"command": f"scripts/vector_formats.py --locomo {args.locomo} --formats {args.formats}",
-                     "loadavg_start": os.getloadavg(), "rows": []}
-    for run, data in (("persona", None), (f"locomo-{args.locomo}", conversations)):
+    sets = args.sets.split(",")
+    out = load_settings().outputs_dir / f"vector_formats-{'-'.join(sets)}.json"
+    results: dict = {"command": f"scripts/vector_formats.py --locomo {args.locomo} --formats {args.formats} "
+                                f"--sets {args.sets}", "loadavg_start": os.getloadavg(), "rows": []}
+    runs = {"persona": ("persona", None), "locomo": (f"locomo-{args.locomo}", conversations)}
+    for run, data in (runs[name] for name in sets):
         for name in args.formats.split(","):
             results["rows"].append(measure(name, run, data))
             out.write_text(json.dumps(results, indent=1))
