@@ -8,7 +8,7 @@ a fresh prefix per format, asks every question in every recall mode, and measure
 disk (`atlas.research.bench.index_size`) and the vector files of `_stats/dense_vector` (`off_heap`: the HNSW graph
 `vex`, raw floats `vec`, int8 `veq`, bbq `veb`). What a kNN search keeps in the page cache is the graph and the
 vectors it scores: `vec` for `hnsw`, `veq` for `int8_hnsw`, `veb` for `bbq_hnsw` (whose rescoring reads a few raw
-floats per query). Writes `outputs/vector_formats-<sets>.json` and prints the table.
+floats per query). Writes `outputs/vector_formats-<sets>-<locomo>-<formats>.json` and prints the table.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def main() -> None:
     args = parser.parse_args()
     conversations = load_conversations()[:2 if args.locomo == "ci" else None]
     sets = args.sets.split(",")
-    out = load_settings().outputs_dir / f"vector_formats-{'-'.join(sets)}.json"
+    out = load_settings().outputs_dir / f"vector_formats-{'-'.join(sets)}-{args.locomo}-{args.formats}.json"
     results: dict = {"command": f"scripts/vector_formats.py --locomo {args.locomo} --formats {args.formats} "
                                 f"--sets {args.sets}", "loadavg_start": os.getloadavg(), "rows": []}
     runs = {"persona": ("persona", None), "locomo": (f"locomo-{args.locomo}", conversations)}

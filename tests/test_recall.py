@@ -103,8 +103,8 @@ def test_the_priors_sit_in_the_bm25_path_only(store):
     assert dense.ids() == [old]
     cosine = store.embedder.embed_queries([query])[0] @ np.asarray(
         store.es.get(index=f"{store.prefix}-episodic", id=old, source_exclude_vectors=False)["_source"]["embedding"])
-    # The graph scores with quantized vectors (`C.VECTOR_INDEX`): a few 1e-4 off the float cosine.
-    assert dense.hits[0].path_scores == {"dense": pytest.approx((1 + cosine) / 2, abs=1e-3)}
+    # `bbq_hnsw` (`C.VECTOR_INDEX`) re-scores the top candidates with the float vectors it keeps on disk.
+    assert dense.hits[0].path_scores == {"dense": pytest.approx((1 + cosine) / 2, abs=1e-4)}
 
 
 def test_a_prefix_written_by_another_model_is_refused(es):
@@ -149,7 +149,7 @@ def test_a_prefix_of_schema_v3_vectors_is_refused_with_the_way_out(es):
     prefix = make_prefix("v3-vectors")
     ensure_indices(es, prefix, 768, 384, vector_index="hnsw", source_vectors=True)
     try:
-        with pytest.raises(SchemaMismatch, match=r"embedding.index_options.type: expected 'int8_hnsw', found 'hnsw'.*"
+        with pytest.raises(SchemaMismatch, match=r"embedding.index_options.type: expected 'bbq_hnsw', found 'hnsw'.*"
                                                  r"exclude_source_vectors: expected True, found False.*atlas users export"):
             ensure_indices(es, prefix, 768, 384)
         assert ensure_indices(es, prefix, 768, 384, vector_index="hnsw", source_vectors=True)[f"{prefix}-semantic"] == "ok"

@@ -82,9 +82,11 @@ HNSW_EF_CONSTRUCTION = 100
 #: one bit per dimension (raw floats kept on disk beside them, for rescoring and reading back).
 VectorIndex = Literal["hnsw", "int8_hnsw", "bbq_hnsw"]
 #: Chosen by measurement (docs/benchmarks.md "Compact vectors", `scripts/vector_formats.py`).
-VECTOR_INDEX: VectorIndex = "int8_hnsw"
+VECTOR_INDEX: VectorIndex = "bbq_hnsw"
 #: A `bbq_hnsw` search re-scores this many times `k` candidates with the raw float vectors.
 BBQ_OVERSAMPLE = 3.0
+#: Elasticsearch builds `bbq_hnsw` for this many dimensions or more; a narrower model's field gets `int8_hnsw`.
+BBQ_MIN_DIMS = 64
 #: Whether vectors are kept as JSON floats in `_source` (schema v3 did). Without, they are read back from the
 #: vector files on request (`"_source": {"exclude_vectors": false}`, or naming the field in `includes`).
 SOURCE_VECTORS = False

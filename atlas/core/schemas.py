@@ -14,6 +14,7 @@ from elasticsearch import ApiError, Elasticsearch
 
 from atlas.core.constants import (
     ARCHIVE_SUFFIX,
+    BBQ_MIN_DIMS,
     BBQ_OVERSAMPLE,
     BM25_B,
     CATALOG_SHARDS,
@@ -72,9 +73,11 @@ def memory_type_of(index: str, prefix: str) -> MemoryType:
     return suffix
 
 
-def vector_index_options(vector_index: VectorIndex = VECTOR_INDEX) -> dict:
-    """`index_options` of a kNN field; a `bbq_hnsw` search re-scores `BBQ_OVERSAMPLE` x k candidates with the raw
-    floats, which quantization keeps on disk."""
+def vector_index_options(dims: int, vector_index: VectorIndex = VECTOR_INDEX) -> dict:
+    """`index_options` of a kNN field of `dims` dimensions; a `bbq_hnsw` search re-scores `BBQ_OVERSAMPLE` x k
+    candidates with the raw floats, which quantization keeps on disk (below `BBQ_MIN_DIMS`: `int8_hnsw`)."""
+    if vector_index == "bbq_hnsw" and dims < BBQ_MIN_DIMS:
+        vector_index = "int8_hnsw"
     options: dict = {"type": vector_index, "m": HNSW_M, "ef_construction": HNSW_EF_CONSTRUCTION}
     if vector_index == "bbq_hnsw":
         options["rescore_vector"] = {"oversample": BBQ_OVERSAMPLE}
@@ -85,7 +88,7 @@ def common_mappings(dims: int, rerank_dims: int | None, *, vector_index: VectorI
                     source_vectors: bool = SOURCE_VECTORS) -> dict:
     """Fields every memory index has, so that one query (and its decay functions) spans all."""
     vector = {"type": "dense_vector", "dims": dims, "similarity": "cosine", "index": True,
-              "index_options": vector_index_options(vector_index)}
+              "index_options": vector_index_options(dims, vector_index)}
     properties: dict = {
         # text: stemmed, without stop words. text.exact keeps tokens such as "E-0x41" or "17.4"
         # whole: whitespace + lowercase.
