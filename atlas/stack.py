@@ -46,7 +46,8 @@ def open_store(prefix: str | None = None, *, settings: Settings | None = None, e
     if create:
         rerank = store.passage_embedders.get("rerank_embedding")
         ensure_indices(es, store.prefix, embedder.dims, rerank.dims if rerank else None,
-                       shards=settings.shards, replicas=settings.replicas)
+                       shards=settings.shards, replicas=settings.replicas, vector_index=settings.vector_index,
+                       source_vectors=settings.source_vectors)
         check_models(es, store.prefix, {field: model.name for field, model in store.passage_embedders.items()})
     if tenancy:
         enable_tenancy(store)

@@ -16,7 +16,7 @@ from atlas.core.memory import bulk_load, forget_memory, write_episode, write_mem
 from atlas.core.passages import passage_sentences, passage_text
 from atlas.core.fusion import interleave, rrf_fuse, score_fuse
 from atlas.core.recall import build_recall_requests, build_session_requests, pre_recall, recall, to_kibana
-from atlas.core.schemas import ensure_indices
+from atlas.core.schemas import drop_indices, ensure_indices
 from atlas.stack import open_store
 
 from .conftest import NOW, make_prefix
@@ -102,7 +102,8 @@ def test_the_priors_sit_in_the_bm25_path_only(store):
     dense = recall(store, "sarah", query, k=1, mode="dense", touch=False)
     assert dense.ids() == [old]
     cosine = store.embedder.embed_queries([query])[0] @ np.asarray(
-        store.es.get(index=f"{store.prefix}-episodic", id=old)["_source"]["embedding"])
+        store.es.get(index=f"{store.prefix}-episodic", id=old, source_exclude_vectors=False)["_source"]["embedding"])
+    # `bbq_hnsw` (`C.VECTOR_INDEX`) re-scores the top candidates with the float vectors it keeps on disk.
     assert dense.hits[0].path_scores == {"dense": pytest.approx((1 + cosine) / 2, abs=1e-4)}
 
 
@@ -141,6 +142,19 @@ def test_bm25_ignores_length_and_an_older_index_is_upgraded(store):
     assert report[episodic] == "upgraded" and set(report.values()) == {"ok", "upgraded"}
     after = bm25_scores()
     assert len(after) == 2 and after == pytest.approx([after[0]] * 2)
+
+
+def test_a_prefix_of_schema_v3_vectors_is_refused_with_the_way_out(es):
+    """v3 kept float vectors in `_source` under a plain `hnsw` graph; neither can change in place."""
+    prefix = make_prefix("v3-vectors")
+    ensure_indices(es, prefix, 768, 384, vector_index="hnsw", source_vectors=True)
+    try:
+        with pytest.raises(SchemaMismatch, match=r"embedding.index_options.type: expected 'bbq_hnsw', found 'hnsw'.*"
+                                                 r"exclude_source_vectors: expected True, found False.*atlas users export"):
+            ensure_indices(es, prefix, 768, 384)
+        assert ensure_indices(es, prefix, 768, 384, vector_index="hnsw", source_vectors=True)[f"{prefix}-semantic"] == "ok"
+    finally:
+        drop_indices(es, prefix)
 
 
 def test_an_index_that_cannot_be_closed_is_not_upgraded_silently(store, operator_es):
@@ -315,7 +329,7 @@ def test_episode_context_is_searched_and_embedded(store):
     question = "Assistant: Which cable did Biscuit chew through this time?"
     target = write_episode(store, "sarah", "The blue one by the back door", session_id="s1", context=question)
     write_episode(store, "sarah", "The blue kettle is new", session_id="s1")
-    source = store.es.get(index=f"{store.prefix}-episodic", id=target)["_source"]
+    source = store.es.get(index=f"{store.prefix}-episodic", id=target, source_exclude_vectors=False)["_source"]
     assert source["text"] == "The blue one by the back door" and source["context"] == question
     assert np.allclose(source["embedding"], store.embedder.embed_passages([passage_text(source)])[0], atol=1e-5)
     assert passage_text(source) == f"{question}\nThe blue one by the back door"
@@ -327,7 +341,7 @@ def test_earlier_context_is_searched_not_embedded(store):
     """Of a context of several messages, BM25 searches all; only the last, the one replied to, is embedded."""
     exchange = ["Biscuit chewed a cable again", "Assistant: Which one this time?"]
     target = write_episode(store, "sarah", "The blue one by the back door", session_id="s1", context=exchange)
-    source = store.es.get(index=f"{store.prefix}-episodic", id=target)["_source"]
+    source = store.es.get(index=f"{store.prefix}-episodic", id=target, source_exclude_vectors=False)["_source"]
     assert source["context"] == exchange
     assert passage_text(source) == "Assistant: Which one this time?\nThe blue one by the back door"
     assert np.allclose(source["embedding"], store.embedder.embed_passages([passage_text(source)])[0], atol=1e-5)
@@ -349,14 +363,19 @@ def test_the_dense_path_scores_a_turn_by_its_best_vector(store):
             "the neighbours. In the evening we watched a long film about volcanoes in Iceland.")
     target = write_episode(store, "sarah", text, session_id="s1", speaker="Maria")
     write_episode(store, "sarah", "I baked bread for the neighbours. It took all day.", session_id="s1")  # no speaker: no sentences
-    stored = store.es.get(index=f"{store.prefix}-episodic", id=target)["_source"]
-    assert stored["speaker"] == "Maria" and "sentences" not in stored, "sentence vectors are indexed, not in _source"
+    plain = store.es.get(index=f"{store.prefix}-episodic", id=target)["_source"]
+    assert not {"embedding", "rerank_embedding"} & set(plain) and plain["sentences"] == [{}] * 3, \
+        "vectors are indexed, not kept in _source"
+    stored = store.es.get(index=f"{store.prefix}-episodic", id=target, source_exclude_vectors=False)["_source"]
+    assert stored["speaker"] == "Maria"
     nested = {"nested": {"path": "sentences", "query": {"exists": {"field": "sentences.embedding"}}}}
     assert [h["_id"] for h in store.es.search(index=store.indices, query=nested)["hits"]["hits"]] == [target]
     query = "What did Maria bake?"
     hit = next(h for h in recall(store, "sarah", query, mode="dense", touch=False).hits if h.id == target)
     q = store.embedder.embed_queries([query])[0]
-    vectors = [stored["embedding"], *store.embedder.embed_passages(passage_sentences(stored))]
+    sentences = store.embedder.embed_passages(passage_sentences(stored))
+    assert np.allclose([s["embedding"] for s in stored["sentences"]], sentences, atol=1e-5), "read back as written"
+    vectors = [stored["embedding"], *sentences]
     assert len(vectors) == 4
     scores = [(1 + float(np.dot(q, v) / np.linalg.norm(v))) / 2 for v in vectors]
     assert hit.path_scores["dense"] == pytest.approx(max(scores), abs=1e-3)

@@ -140,6 +140,8 @@ def test_archive_moves_old_superseded_and_is_resumable(store, monkeypatch):
     old = write_memory(store, "sarah", "Sarah lives in Bristol", "semantic")
     new = write_memory(store, "sarah", "Sarah lives in Edinburgh", "semantic", supersedes_id=old)
     assert archive(store, older_than="90d", now=NOW + timedelta(days=30), progress=False) == 0
+    vectors = ("embedding", "rerank_embedding")
+    written = store.es.get(index=f"{store.prefix}-semantic", id=old, source_exclude_vectors=False)["_source"]
     # A crash after the copy, before the delete: the rerun finishes without duplicating.
     real_bulk = supersession.helpers.bulk
     calls = {"n": 0}
@@ -158,6 +160,9 @@ def test_archive_moves_old_superseded_and_is_resumable(store, monkeypatch):
     assert archive(store, older_than="90d", now=NOW + timedelta(days=100), progress=False) == 1
     assert not store.es.exists(index=f"{store.prefix}-semantic", id=old)
     assert store.es.count(index=f"{store.prefix}-archive")["count"] == 1
+    # Vectors are not in `_source`; the archive asked for them, so the copy has them (read back alike).
+    copied = store.es.get(index=f"{store.prefix}-archive", id=old, source_exclude_vectors=False)["_source"]
+    assert all(copied[field] == written[field] for field in vectors)
     assert [d["id"] for d in history(store, "sarah", new)] == [old, new]
     flagged = recall(store, "sarah", "Bristol", include_superseded=True, touch=False).hits
     assert any(h.id == old and h.superseded_by == new for h in flagged)

@@ -53,6 +53,9 @@ class Settings:
     #: Primary shards and replicas of each memory index (the catalog has `C.CATALOG_SHARDS`).
     shards: int = C.SINGLE_NODE_SHARDS
     replicas: int = C.SINGLE_NODE_REPLICAS
+    #: Index type of the kNN fields and whether vectors stay in `_source` (`C.VECTOR_INDEX`, `C.SOURCE_VECTORS`).
+    vector_index: C.VectorIndex = C.VECTOR_INDEX
+    source_vectors: bool = C.SOURCE_VECTORS
     index_prefix: str = DEFAULT_INDEX_PREFIX
     #: Name of Atlas's service user and of its role (`atlas.ops.service`).
     service_user: str = SERVICE_PRINCIPAL

@@ -85,6 +85,18 @@ SESSION_PASS_KEEP = 7
 #: HNSW graph of the kNN field: links per node and candidates examined while building it.
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 100
+#: How the kNN fields (`embedding`, `sentences.embedding`) are indexed: full floats, or quantized to one byte or
+#: one bit per dimension (raw floats kept on disk beside them, for rescoring and reading back).
+VectorIndex = Literal["hnsw", "int8_hnsw", "bbq_hnsw"]
+#: Chosen by measurement (docs/benchmarks.md "Compact vectors", `scripts/vector_formats.py`).
+VECTOR_INDEX: VectorIndex = "bbq_hnsw"
+#: A `bbq_hnsw` search re-scores this many times `k` candidates with the raw float vectors.
+BBQ_OVERSAMPLE = 3.0
+#: Elasticsearch builds `bbq_hnsw` for this many dimensions or more; a narrower model's field gets `int8_hnsw`.
+BBQ_MIN_DIMS = 64
+#: Whether vectors are kept as JSON floats in `_source` (schema v3 did). Without, they are read back from the
+#: vector files on request (`"_source": {"exclude_vectors": false}`, or naming the field in `includes`).
+SOURCE_VECTORS = False
 #: HNSW candidates examined per shard for the kNN path.
 KNN_NUM_CANDIDATES = 200
 #: How many fused candidates the second stage re-scores.

@@ -14,6 +14,8 @@ from elasticsearch import ApiError, Elasticsearch
 
 from atlas.core.constants import (
     ARCHIVE_SUFFIX,
+    BBQ_MIN_DIMS,
+    BBQ_OVERSAMPLE,
     BM25_B,
     CATALOG_SHARDS,
     ENGLISH_STOPWORDS,
@@ -22,15 +24,18 @@ from atlas.core.constants import (
     MEMORY_TYPES,
     SINGLE_NODE_REPLICAS,
     SINGLE_NODE_SHARDS,
+    SOURCE_VECTORS,
     STATE_SUFFIX,
+    VECTOR_INDEX,
     MemoryType,
+    VectorIndex,
 )
 from atlas.core.errors import SchemaMismatch, ValidationError
 
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
 
 #: Bumped when a mapping changes; stored in `_meta` so a mismatch names both versions.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 KEYWORD = {"type": "keyword"}
 DATE = {"type": "date"}
@@ -68,10 +73,22 @@ def memory_type_of(index: str, prefix: str) -> MemoryType:
     return suffix
 
 
-def common_mappings(dims: int, rerank_dims: int | None) -> dict:
+def vector_index_options(dims: int, vector_index: VectorIndex = VECTOR_INDEX) -> dict:
+    """`index_options` of a kNN field of `dims` dimensions; a `bbq_hnsw` search re-scores `BBQ_OVERSAMPLE` x k
+    candidates with the raw floats, which quantization keeps on disk (below `BBQ_MIN_DIMS`: `int8_hnsw`)."""
+    if vector_index == "bbq_hnsw" and dims < BBQ_MIN_DIMS:
+        vector_index = "int8_hnsw"
+    options: dict = {"type": vector_index, "m": HNSW_M, "ef_construction": HNSW_EF_CONSTRUCTION}
+    if vector_index == "bbq_hnsw":
+        options["rescore_vector"] = {"oversample": BBQ_OVERSAMPLE}
+    return options
+
+
+def common_mappings(dims: int, rerank_dims: int | None, *, vector_index: VectorIndex = VECTOR_INDEX,
+                    source_vectors: bool = SOURCE_VECTORS) -> dict:
     """Fields every memory index has, so that one query (and its decay functions) spans all."""
     vector = {"type": "dense_vector", "dims": dims, "similarity": "cosine", "index": True,
-              "index_options": {"type": "hnsw", "m": HNSW_M, "ef_construction": HNSW_EF_CONSTRUCTION}}
+              "index_options": vector_index_options(dims, vector_index)}
     properties: dict = {
         # text: stemmed, without stop words. text.exact keeps tokens such as "E-0x41" or "17.4"
         # whole: whitespace + lowercase.
@@ -105,10 +122,11 @@ def common_mappings(dims: int, rerank_dims: int | None) -> dict:
     if rerank_dims:
         # Read back by the second stage, never searched: no HNSW graph to build.
         properties["rerank_embedding"] = {"type": "dense_vector", "dims": rerank_dims, "index": False}
-    # Sentence vectors are indexed but not kept in `_source`, which every search reads (LoCoMo, BM25 p50:
-    # 44 ms with them there, 36 without; Elasticsearch still keeps them in `_recovery_source` until later
-    # merges). Nothing reads them back. An update rebuilds a document from `_source` and would drop them;
-    # nothing updates a speaker's episode.
+    if not source_vectors:
+        # No vector is in `_source` (`index_settings`); each is read back from its vector file on request.
+        return {"dynamic": "strict", "properties": properties}
+    # Schema v3 (`source_vectors`, kept to measure against): sentence vectors were indexed but left out of
+    # `_source`, and could not be read back at all.
     return {"dynamic": "strict", "_source": {"excludes": ["sentences"]}, "properties": properties}
 
 
@@ -136,14 +154,18 @@ TYPE_MAPPINGS: dict[str, dict] = {
 SIMILARITY = {"default": {"type": "BM25", "b": BM25_B}}
 
 
-def index_settings(*, shards: int = SINGLE_NODE_SHARDS, replicas: int = SINGLE_NODE_REPLICAS) -> dict:
+def index_settings(*, shards: int = SINGLE_NODE_SHARDS, replicas: int = SINGLE_NODE_REPLICAS,
+                   source_vectors: bool = SOURCE_VECTORS) -> dict:
     """Settings every memory index shares: `shards` primaries (`Settings.shards`; a user's documents are
-    routed to one of them, `documents.routing_of`) with `replicas` replicas each (`Settings.replicas`)."""
+    routed to one of them, `documents.routing_of`) with `replicas` replicas each (`Settings.replicas`).
+
+    Vectors are not kept in `_source` unless `source_vectors`: a search leaves them out, and the archive and the
+    second stage ask for them back (`"_source": {"exclude_vectors": false}`, or the field named in `includes`).
+    """
     return {
         "number_of_shards": shards,
         "number_of_replicas": replicas,
-        # Vectors stay in _source: the archive copies documents and the second stage reads them.
-        "mapping": {"exclude_source_vectors": False},
+        "mapping": {"exclude_source_vectors": not source_vectors},
         "similarity": SIMILARITY,
         "analysis": {"analyzer": {
             "atlas_exact": {"type": "custom", "tokenizer": "whitespace", "filter": ["lowercase"]},
@@ -152,9 +174,10 @@ def index_settings(*, shards: int = SINGLE_NODE_SHARDS, replicas: int = SINGLE_N
     }
 
 
-def index_mappings(suffix: str, dims: int, rerank_dims: int | None) -> dict:
+def index_mappings(suffix: str, dims: int, rerank_dims: int | None, *, vector_index: VectorIndex = VECTOR_INDEX,
+                   source_vectors: bool = SOURCE_VECTORS) -> dict:
     """Full mapping of one index: common fields, plus every type-specific field for the archive."""
-    mappings = common_mappings(dims, rerank_dims)
+    mappings = common_mappings(dims, rerank_dims, vector_index=vector_index, source_vectors=source_vectors)
     extra = TYPE_MAPPINGS.get(suffix, {}) if suffix != ARCHIVE_SUFFIX else \
         {k: v for fields in TYPE_MAPPINGS.values() for k, v in fields.items()}
     mappings["properties"] = {**mappings["properties"], **extra}
@@ -163,10 +186,12 @@ def index_mappings(suffix: str, dims: int, rerank_dims: int | None) -> dict:
 
 
 def build_component_template_body(dims: int, rerank_dims: int | None, *, shards: int = SINGLE_NODE_SHARDS,
-                                  replicas: int = SINGLE_NODE_REPLICAS) -> dict:
+                                  replicas: int = SINGLE_NODE_REPLICAS, vector_index: VectorIndex = VECTOR_INDEX,
+                                  source_vectors: bool = SOURCE_VECTORS) -> dict:
     """PUT _component_template/{prefix}-common"""
-    return {"template": {"settings": index_settings(shards=shards, replicas=replicas),
-                         "mappings": common_mappings(dims, rerank_dims)},
+    return {"template": {"settings": index_settings(shards=shards, replicas=replicas, source_vectors=source_vectors),
+                         "mappings": common_mappings(dims, rerank_dims, vector_index=vector_index,
+                                                     source_vectors=source_vectors)},
             "_meta": {"atlas_schema_version": SCHEMA_VERSION}}
 
 
@@ -190,10 +215,25 @@ def _diff(expected: dict, actual: dict, path: str = "") -> list[str]:
     return problems
 
 
-def index_problems(expected: dict, mapping: dict, settings: dict) -> tuple[list[str], list[str]]:
-    """(mapping differences, similarity differences) of an existing index, from its `_mapping` and `_settings`."""
-    return (_diff({"properties": expected["properties"]}, mapping["mappings"]),
-            _diff({"similarity": SIMILARITY}, settings["settings"]["index"]))
+def index_problems(expected: dict, mapping: dict, settings: dict, *,
+                   source_vectors: bool = SOURCE_VECTORS) -> tuple[list[str], list[str]]:
+    """(mapping differences, similarity differences) of an existing index, from its `_mapping` and `_settings`.
+
+    Where vectors are kept counts as a mapping difference: `index.mapping.exclude_source_vectors` is fixed at
+    creation.
+    """
+    index = settings["settings"]["index"]
+    excluded = str(index.get("mapping", {}).get("exclude_source_vectors", True)).lower() == "true"
+    source = [] if excluded != source_vectors else \
+        [f"index.mapping.exclude_source_vectors: expected {not source_vectors}, found {excluded}"]
+    return (_diff({"properties": expected["properties"]}, mapping["mappings"]) + source,
+            _diff({"similarity": SIMILARITY}, index))
+
+
+def schema_version(mapping: dict) -> str:
+    """`v<N>` of an existing index, from the `_meta` its `_mapping` carries, or "an unversioned schema"."""
+    version = (mapping["mappings"].get("_meta") or {}).get("atlas_schema_version")
+    return f"v{version}" if version is not None else "an unversioned schema"
 
 
 def set_similarity(es: Elasticsearch, index: str) -> None:
@@ -213,16 +253,16 @@ def set_similarity(es: Elasticsearch, index: str) -> None:
 
 
 def ensure_indices(es: Elasticsearch, prefix: str, dims: int, rerank_dims: int | None, *,
-                   upgrade: bool = True, shards: int = SINGLE_NODE_SHARDS,
-                   replicas: int = SINGLE_NODE_REPLICAS) -> dict[str, str]:
+                   upgrade: bool = True, shards: int = SINGLE_NODE_SHARDS, replicas: int = SINGLE_NODE_REPLICAS,
+                   vector_index: VectorIndex = VECTOR_INDEX, source_vectors: bool = SOURCE_VECTORS) -> dict[str, str]:
     """Create missing indices; check existing ones. Returns {index: "created"|"ok"|"upgraded"}.
 
     New fields and another BM25 similarity are applied in place when `upgrade` (the latter closes
-    the index for a moment); a changed field type cannot be, and raises `SchemaMismatch` naming each
-    difference (drop the prefix or archive first).
+    the index for a moment); a changed field type or vector format cannot be, and raises `SchemaMismatch`
+    naming each difference (export the users and import them into a new prefix, or drop the prefix).
     """
     es.cluster.put_component_template(name=f"{prefix}-common", **build_component_template_body(
-        dims, rerank_dims, shards=shards, replicas=replicas))
+        dims, rerank_dims, shards=shards, replicas=replicas, vector_index=vector_index, source_vectors=source_vectors))
     es.indices.put_index_template(name=f"{prefix}-memory", **build_index_template_body(prefix))
     indices = all_indices(prefix)
     # One request each for the whole prefix; an index missing from the answer does not exist yet.
@@ -231,14 +271,14 @@ def ensure_indices(es: Elasticsearch, prefix: str, dims: int, rerank_dims: int |
     report: dict[str, str] = {}
     for index in indices:
         suffix = index.removeprefix(f"{prefix}-")
-        expected = index_mappings(suffix, dims, rerank_dims)
+        expected = index_mappings(suffix, dims, rerank_dims, vector_index=vector_index, source_vectors=source_vectors)
         if index not in mappings:
             # The catalog's world data has no owner to route by: one shard, which a routed recall reads whole.
             es.indices.create(index=index, mappings=expected,
                               settings={"number_of_shards": CATALOG_SHARDS} if suffix == "catalog" else None)
             report[index] = "created"
             continue
-        problems, similarity = index_problems(expected, mappings[index], settings[index])
+        problems, similarity = index_problems(expected, mappings[index], settings[index], source_vectors=source_vectors)
         if not problems and not similarity:
             report[index] = "ok"
             continue
@@ -249,9 +289,11 @@ def ensure_indices(es: Elasticsearch, prefix: str, dims: int, rerank_dims: int |
                 set_similarity(es, index)
             report[index] = "upgraded"
             continue
-        raise SchemaMismatch(f"{index} does not match Atlas's mapping (schema v{SCHEMA_VERSION}): "
-                             + "; ".join(problems + similarity)
-                             + f". Drop prefix {prefix!r} (atlas.core.schemas.drop_indices) to rebuild.")
+        raise SchemaMismatch(f"{index} does not match Atlas's mapping (schema v{SCHEMA_VERSION}, "
+                             f"{schema_version(mappings[index])} found): " + "; ".join(problems + similarity)
+                             + f". Move each user to a new prefix (`atlas users export`, then `atlas users import "
+                             f"--prefix NEW`: the texts are embedded again), or drop prefix {prefix!r} "
+                             "(atlas.core.schemas.drop_indices) and load it again.")
     return report
 
 

@@ -300,8 +300,10 @@ def archive(store: Store, *, older_than: str = C.ARCHIVE_OLDER_THAN, now: dateti
     bar = tqdm(desc="archiving", unit="doc", disable=not progress)
     try:
         while True:
+            # Vectors are not in `_source` (`schemas.index_settings`): ask for them, so that the copy has them.
             page = store.es.search(pit={"id": pit, "keep_alive": "2m"}, query=build_archive_query(cutoff),
-                                   sort=[{"_shard_doc": "asc"}], size=batch, search_after=after)
+                                   sort=[{"_shard_doc": "asc"}], size=batch, search_after=after,
+                                   source={"exclude_vectors": False})
             hits = page["hits"]["hits"]
             if not hits:
                 break
