@@ -33,7 +33,7 @@ CLUSTER_NOTEBOOKS = discover(Path(__file__).resolve().parents[1] / "notebooks" /
 ALL = NOTEBOOKS + CLUSTER_NOTEBOOKS
 #: Notebooks not yet re-runnable and without the workshop opening (issue 21, owned elsewhere): they run once,
 #: and their conventions test is an expected failure until they are.
-NOT_RERUNNABLE_YET = {"05", "09", "10", "11"}
+NOT_RERUNNABLE_YET = {"05"}
 AGAIN = "run-again"
 #: Cells whose second output is not compared with the first (they must still run twice).
 UNCOMPARED = {"nbval-ignore-output", "reports-first-run"}
