@@ -12,14 +12,12 @@ from __future__ import annotations
 import copy
 import html
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypedDict, Unpack
 
 from elasticsearch import Elasticsearch
-from IPython.display import clear_output
 
 from atlas.consolidation.consolidate import ConsolidationReport, Decision
 from atlas.core import constants as C
@@ -207,17 +205,6 @@ def cluster_info(es: Elasticsearch) -> Table:
             ("nodes", health["number_of_nodes"]), ("license", f"{lic['type']} ({lic['status']})"),
             ("user", who["username"])]
     return Table(["", "value"], [list(r) for r in rows])
-
-
-@contextmanager
-def transient_progress() -> Iterator[None]:
-    """Show the progress bars of a long block while it runs and clear them from the cell when it ends.
-
-    What the cell prints after the block stays; a bar, whose drawing depends on the embedding cache, is not kept
-    in the executed notebook (nbval would see it). Anything printed inside the block is cleared with the bars.
-    """
-    yield
-    clear_output()
 
 
 def capabilities_table(results: Sequence[Capability], *, width: int = 70) -> Table:
