@@ -11,7 +11,7 @@ from atlas.core import constants as C
 from atlas.core.config import read_secret
 from atlas.core.memory import write_episode
 from atlas.core.tenancy import live_prefix_keys_query, users_path
-from atlas.research.bench import Corpus, bench_store, index_size, measure_throughput, measure_token_check
+from atlas.research.bench import PEERS, Corpus, bench_store, index_size, measure_throughput, measure_token_check
 
 pytestmark = pytest.mark.cluster
 
@@ -94,3 +94,17 @@ def test_nodes_comparison_ratios_and_sizing() -> None:
     assert node_capacity(128, 100, figures=figures, dims=768, replicas=1)["heap_gib"] == 31
     nodes, shards = scaling_tables(results, dims=768)
     assert len(nodes.rows) == 4 and len(shards.rows) == 3
+
+
+def test_latency_figure_has_a_line_per_mode_and_percentile_on_log_axes(tmp_path):
+    """Issue 21: every corpus size on a log axis, p50 and p95 of each mode and each peer named in the legend."""
+    from atlas.notebook.plots import bench_latency
+
+    recall = {str(n): {mode: {"p50_ms": n / 10, "p95_ms": n / 5} for mode in ("bm25", "hybrid")}
+              for n in (250, 1000, 4000)}
+    ax = bench_latency({"recall": recall, "peers": PEERS}, out_dir=tmp_path).axes[0]
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels[:4] == ["bm25 p50", "bm25 p95", "hybrid p50", "hybrid p95"] and len(labels) == 7
+    assert all(len(line.get_xdata()) == 3 for line in ax.get_lines()[:4])
+    assert (tmp_path / "figures" / "bench_recall_latency.png").is_file()

@@ -355,3 +355,19 @@ def test_session_study_pairs_the_arms_question_by_question():
     assert by_group["single-hop"]["gain [95% CI]"] == "+0.000 [+0.000, +0.000]"
     assert by_group["all"]["n"] == 3 and by_group["all"]["on"] == pytest.approx(2.0 / 3)
     assert found_by_pass(off, on) == ["a"] and found_by_pass(on, off) == []
+
+
+def test_mode_figure_labels_each_modes_interval_and_saves_what_it_shows(tmp_path):
+    """R@1 and MRR per mode (issue 21): a bar per mode, its 95% interval written above it, named in the legend."""
+    from atlas.research.evaluate import mode_figure
+
+    report = {"dataset": "persona", "questions": 3,
+              "by_mode": {mode: {"r@1": r1, "r@1_ci": [r1 - 0.05, r1 + 0.05], "mrr": 0.6, "mrr_ci": [0.55, 0.65]}
+                          for mode, r1 in (("bm25", 0.4), ("dense", 0.5))}}
+    ax = mode_figure(report, tmp_path).axes[0]
+    assert ax.get_title().startswith("Persona set, 3 questions") and ax.get_ylabel()
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["R@1", "MRR"]
+    assert ax.get_legend_handles_labels()[1] == ["bm25", "dense", "bootstrap 95% interval"]
+    assert "0.40\n[0.35,\n0.45]" in [t.get_text() for t in ax.texts]
+    assert ax.get_ylim()[0] == pytest.approx(0.2), "the axis starts below the lowest interval, not at 0"
+    assert (tmp_path / "figures" / "eval_persona_modes.png").is_file()

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import nbformat
 import pytest
 from elasticsearch import Elasticsearch
 
@@ -33,6 +34,7 @@ from atlas.ops import cluster
 from atlas.stack import open_store
 
 from .conftest import NOW, make_prefix
+from .test_notebooks import each_cell_twice, rerun_differences
 
 SETTINGS = load_settings()
 pytestmark = pytest.mark.skipif(not SETTINGS.local or SETTINGS.es_nodes < 3,
@@ -265,9 +267,16 @@ def test_a_rolling_restart_of_every_node_loses_nothing(cstore):
         assert episodes >= 3 + len(writers.acked[user])
 
 
-def test_the_cluster_notebook_runs_end_to_end(tmp_path, es):
-    """On a fresh prefix, before nbval checks the committed one: on a clean clone this run also fills the
-    embedding cache, so nbval sees no progress bar that a cold cache would print."""
+def test_the_cluster_notebook_runs_end_to_end_each_lesson_cell_twice(tmp_path, es):
+    """On a fresh prefix, each lesson cell twice as in tests/test_notebooks.py (the node is killed twice), before
+    nbval checks the committed one: on a clean clone this run also fills the embedding cache, so nbval sees no
+    progress bar that a cold cache would print."""
     path = Path(__file__).resolve().parents[1] / "notebooks" / "cluster" / "11_three_nodes.ipynb"
-    result = run_notebook(path, tmp_path / "notebooks", outputs_dir=tmp_path, prefix=unique_prefix(path))
+    twice = tmp_path / path.name
+    nbformat.write(each_cell_twice(nbformat.read(path, as_version=4)), twice)
+    prefix = unique_prefix(path)
+    result = run_notebook(twice, tmp_path / "notebooks", outputs_dir=tmp_path, prefix=prefix)
     assert result.ok, f"{path.name} failed: {result.error} (executed copy: {result.output})"
+    differences = rerun_differences(nbformat.read(result.output, as_version=4))
+    assert not differences, "a cell printed something else when run again:\n" + "\n\n".join(differences)
+    assert not es.indices.get(index=f"{prefix}-*", allow_no_indices=True, expand_wildcards="all")

@@ -23,7 +23,7 @@ from nbformat import NotebookNode
 from nbformat.v4 import new_code_cell
 from nbval.plugin import get_sanitize_patterns
 
-from atlas.notebook.runner import KERNEL, discover, number, run_notebook, unique_prefix
+from atlas.notebook.runner import KERNEL, discover, run_notebook, unique_prefix
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.cluster]
 
@@ -31,9 +31,6 @@ NOTEBOOKS = discover(Path(__file__).resolve().parents[1] / "notebooks")
 #: Notebooks that need the local three-node cluster: run by `make test-cluster` (nbval), checked here for form only.
 CLUSTER_NOTEBOOKS = discover(Path(__file__).resolve().parents[1] / "notebooks" / "cluster")
 ALL = NOTEBOOKS + CLUSTER_NOTEBOOKS
-#: Notebooks not yet re-runnable and without the workshop opening (issue 21, owned elsewhere): they run once,
-#: and their conventions test is an expected failure until they are.
-NOT_RERUNNABLE_YET = {"09", "10", "11"}
 AGAIN = "run-again"
 #: Cells whose second output is not compared with the first (they must still run twice).
 UNCOMPARED = {"nbval-ignore-output", "reports-first-run"}
@@ -75,18 +72,13 @@ def rerun_differences(nb: NotebookNode) -> list[str]:
             if AGAIN in tags(again) and not UNCOMPARED & set(tags(first)) and printed(first) != printed(again)]
 
 
-def rerun_mark(path: Path) -> list[pytest.MarkDecorator]:
-    return [pytest.mark.xfail(strict=True, reason="issue 21: no opening, lesson not yet re-runnable")] \
-        if number(path) in NOT_RERUNNABLE_YET else []
-
-
 def test_notebooks_are_found():
     assert NOTEBOOKS and CLUSTER_NOTEBOOKS, "no notebooks/NN_*.ipynb or notebooks/cluster/NN_*.ipynb found"
     numbers = [p.name[:2] for p in ALL]
     assert len(numbers) == len(set(numbers)), f"notebook numbers must be unique: {numbers}"
 
 
-@pytest.mark.parametrize("path", [pytest.param(p, marks=rerun_mark(p)) for p in ALL], ids=[p.stem for p in ALL])
+@pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])
 def test_notebook_follows_conventions(path):
     """Title first, the opening (what you need, `make lab`, how long, `KEEP`), a `parameters` cell with the
     conventional names, tagged set-up cells, a cleanup cell last."""
@@ -138,17 +130,14 @@ def test_each_lesson_cell_runs_twice_and_a_changed_output_is_found():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path, es):
-    """End to end on a fresh prefix, each lesson cell twice (once where not re-runnable yet); nothing left behind."""
+    """End to end on a fresh prefix, each lesson cell twice; nothing left behind."""
     prefix = unique_prefix(path)
-    twice = number(path) not in NOT_RERUNNABLE_YET
-    if twice:
-        nbformat.write(each_cell_twice(nbformat.read(path, as_version=4)), tmp_path / path.name)
-        path = tmp_path / path.name
+    nbformat.write(each_cell_twice(nbformat.read(path, as_version=4)), tmp_path / path.name)
+    path = tmp_path / path.name
     result = run_notebook(path, tmp_path / "notebooks", outputs_dir=tmp_path, prefix=prefix)
     assert result.ok, f"{path.name} failed: {result.error} (executed copy: {result.output})"
     assert result.output.is_file()
     leftovers = es.indices.get(index=f"{prefix}-*", allow_no_indices=True, expand_wildcards="all")
     assert not leftovers, f"{path.name} left indices behind: {sorted(leftovers)}"
-    if twice:
-        differences = rerun_differences(nbformat.read(result.output, as_version=4))
-        assert not differences, "a cell printed something else when run again:\n" + "\n\n".join(differences)
+    differences = rerun_differences(nbformat.read(result.output, as_version=4))
+    assert not differences, "a cell printed something else when run again:\n" + "\n\n".join(differences)

@@ -25,18 +25,10 @@ pytestmark = [pytest.mark.notebooks, pytest.mark.cluster]
 ROOT = Path(__file__).resolve().parents[1] / "notebooks"
 LESSONS = discover(ROOT) + discover(ROOT / "cluster")
 SOLUTIONS = discover(ROOT / "solutions")
-#: Lessons without exercises yet (issue 21): their test is an expected failure until they have.
-NO_EXERCISES_YET = {"08", "09", "10", "11"}
 EXERCISE = re.compile(r"^\d+\. ", re.MULTILINE)
 
 
-def exercises_mark(path: Path) -> list[pytest.MarkDecorator]:
-    return [pytest.mark.xfail(strict=True, reason="issue 21: no exercises yet")] \
-        if number(path) in NO_EXERCISES_YET else []
-
-
-@pytest.mark.parametrize("path", [pytest.param(p, marks=exercises_mark(p)) for p in LESSONS],
-                         ids=[p.stem for p in LESSONS])
+@pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
 def test_lesson_ends_with_exercises_and_their_solutions(path):
     nb = nbformat.read(path, as_version=4)
     last = nb.cells[-1]

@@ -256,29 +256,31 @@ def precision_recall(scores: Mapping[str, Mapping[str, int]], *, title: str, out
 
 
 def bench_latency(results: Mapping, *, out_dir: str | Path | None = None, name: str = "bench_recall_latency") -> Figure:
-    """Recall p50 (solid) and p95 (dashed) per mode against corpus size, beside the peers' published numbers."""
-    fig, ax = _new()
+    """Recall p50 (solid, circles) and p95 (dashed, squares) per mode against corpus size, both axes logarithmic,
+    beside the peers' published numbers (grey, in the legend)."""
+    fig, ax = _new(width=8.0, height=4.2)
     scales = sorted(results["recall"], key=int)
+    sizes = [int(s) for s in scales]
     for mode in results["recall"][scales[0]]:
-        line, = ax.plot([int(s) for s in scales], [results["recall"][s][mode]["p50_ms"] for s in scales], "o-",
-                        label=f"{mode} p50")
-        ax.plot([int(s) for s in scales], [results["recall"][s][mode]["p95_ms"] for s in scales], "s--",
-                color=line.get_color(), alpha=0.6)
-    for peer, key, style in (("zep", "p50_ms", ":"), ("zep", "p95_ms", "-."), ("mem0", "p95_ms", "--")):
+        line, = ax.plot(sizes, [results["recall"][s][mode]["p50_ms"] for s in scales], "o-", label=f"{mode} p50")
+        ax.plot(sizes, [results["recall"][s][mode]["p95_ms"] for s in scales], "s--", color=line.get_color(),
+                alpha=0.6, label=f"{mode} p95")
+    for peer, key, style in (("zep", "p50_ms", ":"), ("zep", "p95_ms", "-."), ("mem0", "p95_ms", (0, (5, 5)))):
         value = results["peers"][peer][key]
-        ax.axhline(value, color="grey", linestyle=style, linewidth=1)
-        ax.annotate(f"{peer} {key[:3]} {value:.0f} ms", (int(scales[-1]), value), fontsize=7, color="grey",
-                    ha="right", va="bottom")
-    ax.set(xscale="log", yscale="log", xlabel="memories in the index", ylabel="ms (log)",
-           title="Recall latency (dashed: p95; grey: published peers)")
+        ax.axhline(value, color="grey", linestyle=style, linewidth=1,
+                   label=f"{peer} {key.removesuffix('_ms')} {value:.0f} ms (published)")
+    ax.set(xscale="log", yscale="log", xticks=sizes, xticklabels=[f"{s:,}" for s in sizes],
+           xlabel="memories in the index (log scale)", ylabel="recall latency (ms, log scale)",
+           title=f"Recall latency against corpus size ({len(sizes)} corpora)")
+    ax.minorticks_off()
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return _finish(fig, name, out_dir)
 
 
 def bench_time_split(results: Mapping, *, out_dir: str | Path | None = None, name: str = "bench_time_split") -> Figure:
     """Mean recall time per scale and mode, stacked: query embedding, Elasticsearch, fusion, second stage, other."""
-    rows = [(f"{int(s) // 1000}k {mode}", r["parts_ms"]) for s in sorted(results["recall"], key=int)
+    rows = [(f"{int(s):,} {mode}", r["parts_ms"]) for s in sorted(results["recall"], key=int)
             for mode, r in results["recall"][s].items()]
     fig, ax = _new(width=max(7.0, 0.55 * len(rows)), height=4.0)
     bottom = np.zeros(len(rows))
@@ -287,7 +289,8 @@ def bench_time_split(results: Mapping, *, out_dir: str | Path | None = None, nam
         ax.bar(range(len(rows)), values, bottom=bottom, label=part)
         bottom += values
     ax.set_xticks(range(len(rows)), [label for label, _ in rows], rotation=60, ha="right", fontsize=7)
-    ax.set(ylabel="mean ms per recall", title="Where recall time goes")
+    ax.set(xlabel="memories in the index, recall mode", ylabel="mean ms per recall",
+           title="Where recall time goes")
     ax.legend(fontsize=7)
     return _finish(fig, name, out_dir)
 
@@ -304,17 +307,51 @@ def bench_writes_throughput(results: Mapping, *, out_dir: str | Path | None = No
     left.plot(policies, [results["write"][p]["p95_ms"] for p in policies], "k_", markersize=20, label="p95")
     left.axhline(results["peers"]["reference_design"]["max_ms"], color="grey", linestyle="--", linewidth=1,
                  label="reference design < 100 ms")
-    left.set(xlabel="refresh", ylabel="ms", title="Write one episode")
-    left.legend(fontsize=7)
+    left.set(xlabel="refresh policy", ylabel="ms per write", title="Write one episode")
+    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=3, frameon=False)
     clients = results["throughput"]["clients"]
-    right.plot([int(n) for n in clients], [c["recalls_per_s"] for c in clients.values()], "o-")
-    right.set(xlabel="concurrent clients", ylabel="recalls / s", xscale="log", xticks=[int(n) for n in clients],
-              xticklabels=list(clients), title=f"Throughput ({results['throughput']['mode']})")
+    right.plot([int(n) for n in clients], [c["recalls_per_s"] for c in clients.values()], "o-",
+               label=f"{results['throughput']['mode']}, {int(results['throughput']['scale']):,} memories")
+    right.set(xlabel="concurrent clients (log scale)", ylabel="recalls per second", xscale="log",
+              xticks=[int(n) for n in clients], xticklabels=list(clients), title="Throughput")
+    right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
     right.grid(alpha=0.3)
     return _finish(fig, name, out_dir)
 
 
 # --- evaluation --------------------------------------------------------------------------------
+
+
+def interval_bars(values: Mapping[str, Mapping[str, tuple[float, Sequence[float]]]], *, title: str,
+                  ylabel: str = "score (0-1)",
+                  out_dir: str | Path | None = None, name: str = "interval_bars") -> Figure:
+    """One group per metric ({metric: {mode: (value, (low, high))}}): a bar per mode with its 95% interval drawn and
+    written above it, so that close modes can be told apart (or not). The y axis starts below the lowest interval."""
+    metrics = list(values)
+    modes = list(dict.fromkeys(m for per_metric in values.values() for m in per_metric))
+    fig, ax = _new(width=max(7.0, 2.4 * len(metrics) + 1.5), height=4.2)
+    width = 0.8 / max(1, len(modes))
+    x = np.arange(len(metrics))
+    intervals = [v[1] for per_metric in values.values() for v in per_metric.values()]
+    floor = max(0.0, np.floor(min(low for low, _ in intervals) * 10 - 1) / 10)
+    for i, mode in enumerate(modes):
+        offsets = x + (i - (len(modes) - 1) / 2) * width
+        shown = [values[m].get(mode) for m in metrics]
+        heights = [v[0] if v else np.nan for v in shown]
+        yerr = np.array([[v[0] - v[1][0] if v else 0 for v in shown], [v[1][1] - v[0] if v else 0 for v in shown]])
+        ax.bar(offsets, np.array(heights) - floor, width, bottom=floor, label=mode, yerr=yerr, capsize=3)
+        for offset, v in zip(offsets, shown, strict=True):
+            if v:
+                ax.annotate(f"{v[0]:.2f}\n[{v[1][0]:.2f},\n{v[1][1]:.2f}]", (offset, v[1][1]), ha="center",
+                            va="bottom", fontsize=6.5, xytext=(0, 2), textcoords="offset points")
+    ax.errorbar([], [], yerr=[], fmt="none", ecolor="black", capsize=3, label="bootstrap 95% interval")
+    ax.set_xticks(x, metrics, fontsize=9)
+    top = min(1.0, max(high for _, high in intervals)) + 0.12
+    ax.set(ylabel=f"{ylabel}; axis from {floor:.1f}" if floor else ylabel, ylim=(floor, top), title=title)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, ncols=min(len(modes) + 1, 5), loc="upper center", bbox_to_anchor=(0.5, -0.1),
+              frameon=False)
+    return _finish(fig, name, out_dir)
 
 
 def grouped_bars(values: Mapping[str, Mapping[str, float]], *, reference: Mapping[str, float] | None = None,

@@ -399,7 +399,28 @@ def report_figure(report: Mapping, out_dir: Path | None = None) -> Figure:
     values, errors, reference = recall_by_group(report)
     persona = report["dataset"] == "persona"
     return grouped_bars(values, reference=reference, errors=errors,
-                        reference_label="reference design (published)" if persona else "paper (DRAGON, published)",
+                        reference_label="reference design (published)" if persona else
+                        "paper: DRAGON over all 10 conversations (published)",
                         title="Persona set: R@10 per memory type" if persona else
-                        "LoCoMo: R@10 per category (all questions, the paper's scoring)",
-                        ylabel="R@10", out_dir=out_dir, name=f"eval_{report['dataset']}_r10")
+                        f"LoCoMo, {report['conversations']} of 10 conversations: R@10 per category "
+                        "(the paper's scoring)",
+                        ylabel="R@10 (fraction of the answer in the top 10)", out_dir=out_dir,
+                        name=f"eval_{report['dataset']}_r10")
+
+
+def mode_figure(report: Mapping, out_dir: Path | None = None) -> Figure:
+    """The rank-1 measures per mode with bootstrap 95% intervals: R@1 and MRR (persona), and for LoCoMo, whose
+    scoring has no cut at 1, a gold session first (session Hit@1) and the evidence turns' MRR (main set)."""
+    from atlas.notebook.plots import interval_bars
+
+    persona = report["dataset"] == "persona"
+    picks = {"R@1": (None, "r@1"), "MRR": (None, "mrr")} if persona else \
+        {"session Hit@1": ("sessions", "hit@1"), "turn MRR": ("main", "mrr")}
+    values: dict = {}
+    for label, (part, metric) in picks.items():
+        for mode, summary in report["by_mode"].items():
+            stats = summary[part] if part else summary
+            values.setdefault(label, {})[mode] = (stats[metric], stats[f"{metric}_ci"])
+    title = f"Persona set, {report['questions']} questions: rank-1 measures per mode" if persona else \
+        f"LoCoMo, {report['conversations']} conversations, main set: rank-1 measures per mode"
+    return interval_bars(values, title=title, out_dir=out_dir, name=f"eval_{report['dataset']}_modes")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from atlas.core import constants as C
 from atlas.core.fusion import combine, rrf_fuse, score_fuse
@@ -48,7 +49,8 @@ class Captured:
     candidates: tuple[Candidate, ...]
 
 
-def capture(store: Store, questions: Sequence[EvalQuestion], *, window: int = C.RRF_WINDOW) -> list[Captured]:
+def capture(store: Store, questions: Sequence[EvalQuestion], *, window: int = C.RRF_WINDOW,
+            progress: bool = True) -> list[Captured]:
     """Every question's candidates from both paths, each re-scored by the second stage (one recall each).
 
     `recall` widens each path to k, so asking for 2 * window keeps each path's top 2 * window; `fused` reads
@@ -57,7 +59,7 @@ def capture(store: Store, questions: Sequence[EvalQuestion], *, window: int = C.
     """
     warm_query_vectors(store, [q.query for q in questions])
     out = []
-    for q in questions:
+    for q in tqdm(questions, desc="capture", unit="q", disable=not progress):
         result = recall(store, q.user_id, q.query, k=2 * window, mode=C.DEFAULT_RECALL_MODE, now=q.now,
                         window=window, pool=2 * window, touch=False)
         out.append(Captured(q, tuple(Candidate(hit.source.get("source_key") or hit.id, hit.ranks, hit.path_scores,

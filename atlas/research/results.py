@@ -363,7 +363,7 @@ def reproduce(spec: RunSpec, *, prefix: str | None = None, path: Path | None = N
     from atlas.core.connection import connect
     from atlas.core.schemas import drop_indices
     from atlas.research.datasets import PERSONA_DIR, PERSONA_NOW
-    from atlas.research.evaluate import evaluate_locomo, evaluate_persona, report_figure, write_report
+    from atlas.research.evaluate import evaluate_locomo, evaluate_persona, mode_figure, report_figure, write_report
     from atlas.research.locomo import load_conversations
     from atlas.stack import open_store
 
@@ -380,6 +380,7 @@ def reproduce(spec: RunSpec, *, prefix: str | None = None, path: Path | None = N
     report = {"run": spec.name, "command": spec.command} | report
     write_report(report, out_dir / "eval", spec.name)
     report_figure(report, out_dir)
+    mode_figure(report, out_dir)
     return report
 
 
