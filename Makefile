@@ -65,9 +65,9 @@ lint: setup
 	$(VENV)/bin/lint-imports --no-cache
 
 # All tests: the static checks, pytest against the real cluster (notebook 06 in JupyterLab under headless
-# Chromium among them), papermill of every notebook, nbval of the committed ones.
+# Chromium among them), papermill of every notebook, nbval of the committed ones; the slowest 25 tests are listed.
 test: lint es-up browser
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --durations=25
 	$(PY) -m pytest --nbval notebooks --ignore=notebooks/cluster --ignore=notebooks/solutions --nbval-sanitize-with notebooks/sanitize.cfg \
 		-p no:cacheprovider -q
 
