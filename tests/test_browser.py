@@ -45,10 +45,13 @@ CELL_STATES = """() => Array.from(window.jupyterapp.shell.currentWidget.content.
     .map(c => [c.executionCount, c.outputs.toJSON().filter(o => o.output_type === 'error')
                                       .map(o => o.ename + ': ' + o.evalue)[0] ?? null])"""
 
-#: Run a notebook command on the cells up to the last one (the cleanup), and wait until it has run them.
+#: Run a notebook command with the cleanup (the last code cell; the exercises come after it) active, and wait
+#: until it has run.
 RUN = """async command => {
-    const panel = window.jupyterapp.shell.currentWidget;
-    panel.content.activeCellIndex = panel.content.widgets.length - 1;
+    const notebook = window.jupyterapp.shell.currentWidget.content;
+    let cleanup = notebook.widgets.length - 1;
+    while (notebook.widgets[cleanup].model.type !== 'code') cleanup--;
+    notebook.activeCellIndex = cleanup;
     await window.jupyterapp.commands.execute(command);
 }"""
 
@@ -107,7 +110,7 @@ def test_inspector_in_jupyterlab(lab, es):
         page.goto(url)
         page.wait_for_function("() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel"
                                "?.status === 'idle'", timeout=RUN_TIMEOUT_MS)
-        # Every cell above the cleanup (the last cell), as a reader runs them.
+        # Every cell above the cleanup, as a reader runs them.
         page.evaluate(RUN, "notebook:run-all-above")
         states = page.evaluate(CELL_STATES)
         assert [e for _, e in states if e] == [] and None not in [n for n, _ in states[:-1]], states
