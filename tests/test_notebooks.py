@@ -57,8 +57,10 @@ def each_cell_twice(nb: NotebookNode) -> NotebookNode:
 
 
 def printed(cell: NotebookNode) -> str:
-    """What a cell printed and displayed as text, masked with notebooks/sanitize.cfg."""
-    text = "".join(out.get("text", "") + out.get("data", {}).get("text/plain", "") for out in cell.get("outputs", []))
+    """What a cell printed and displayed as text, masked with notebooks/sanitize.cfg. Not stderr: a first run
+    on a cold embedding cache draws progress bars there that the second run, answered from the cache, does not."""
+    text = "".join(out.get("text", "") + out.get("data", {}).get("text/plain", "") for out in cell.get("outputs", [])
+                   if out.get("name") != "stderr")
     for regex, replace in SANITIZE:
         text = re.sub(regex, replace, text)
     return text
