@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from atlas.research.datasets import PERSONA_NOW, load_locomo, load_persona
-from atlas.research.evaluate import locomo_questions, persona_questions, read_as_users
+from atlas.research.datasets import PERSONA_NOW
+from atlas.research.evaluate import prepare_locomo, prepare_persona
 from atlas.research.fusion_study import capture, study, study_table
 from atlas.research.locomo import load_conversations
 from atlas.stack import open_store
@@ -22,15 +22,10 @@ def main() -> None:
     parser.add_argument("--prefix-locomo", default="eval-locomo")
     parser.add_argument("--prefix-persona", default="eval-persona")
     args = parser.parse_args()
-    conversations = load_conversations()
     locomo_store = open_store(args.prefix_locomo)
-    load_locomo(locomo_store, conversations, progress=False)
-    asked = locomo_questions(conversations)
-    read_as_users(locomo_store, sorted({q.user_id for q in asked}))
+    asked, _ = prepare_locomo(locomo_store, load_conversations(), progress=False)
     persona_store = open_store(args.prefix_persona, now=lambda: PERSONA_NOW)
-    load_persona(persona_store, progress=False)
-    persona = persona_questions()
-    read_as_users(persona_store, sorted({q.user_id for q in persona}))
+    persona, _ = prepare_persona(persona_store, progress=False)
     locomo_candidates, persona_candidates = capture(locomo_store, asked), capture(persona_store, persona)
     for second_stage, mode in ((False, "hybrid"), (True, "hybrid+rerank")):
         rows = study(locomo_candidates, persona_candidates, second_stage=second_stage)

@@ -10,12 +10,11 @@ prints the paired gains per category: all 7 conversations, and the 6 the arm was
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 from atlas.core.config import REPO_ROOT
-from atlas.research.datasets import PERSONA_NOW, load_locomo, load_persona
-from atlas.research.evaluate import LOCOMO_KS, PERSONA_KS, locomo_questions, persona_questions, read_as_users
+from atlas.research.datasets import PERSONA_NOW
+from atlas.research.evaluate import LOCOMO_KS, PERSONA_KS, prepare_locomo, prepare_persona, write_report
 from atlas.research.locomo import CATEGORY_NAMES, load_conversations
 from atlas.research.session_study import ask_arms, latency, paired_table
 from atlas.stack import open_store
@@ -29,22 +28,15 @@ def main() -> None:
     parser.add_argument("--prefix-locomo", default="eval-locomo")
     parser.add_argument("--prefix-persona", default="eval-persona")
     args = parser.parse_args()
-    conversations = load_conversations()
     locomo_store = open_store(args.prefix_locomo)
-    load_locomo(locomo_store, conversations, progress=False)
-    asked = locomo_questions(conversations)
-    read_as_users(locomo_store, sorted({q.user_id for q in asked}))
+    asked, _ = prepare_locomo(locomo_store, load_conversations(), progress=False)
     persona_store = open_store(args.prefix_persona, now=lambda: PERSONA_NOW)
-    load_persona(persona_store, progress=False)
-    persona = persona_questions()
-    read_as_users(persona_store, sorted({q.user_id for q in persona}))
+    persona, _ = prepare_persona(persona_store, progress=False)
     runs = {"persona": ask_arms(persona_store, persona, PERSONA_KS)}
     load = {"persona": os.getloadavg()}
     runs["locomo"] = ask_arms(locomo_store, asked, LOCOMO_KS, sessions=True)
     load["locomo"] = os.getloadavg()
-    out = REPO_ROOT / "outputs" / "eval" / "session_study.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"runs": runs, "load_average": load}) + "\n", encoding="utf-8")
+    write_report({"runs": runs, "load_average": load}, REPO_ROOT / "outputs" / "eval", "session_study")
     (off, on), main = runs["locomo"].values(), list(CATEGORY_NAMES.values())[:4]
     held_out = [[row for row in rows if row["user_id"] != CHOSEN_ON] for rows in (off, on)]
     tables = [paired_table(off, on, groups=[*main, "adversarial"], title="LoCoMo dev, R@10 (all = main set)"),

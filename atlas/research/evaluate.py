@@ -330,13 +330,26 @@ def setup(store: Store, reads: str) -> dict:
 # --- runs -------------------------------------------------------------------------------------------
 
 
+def prepare_persona(store: Store, *, path: Path = PERSONA_DIR, progress: bool = True) -> tuple[list[EvalQuestion], str]:
+    """Load the persona corpus (once) and let each asking user read through their key: (questions, how read)."""
+    load_persona(store, path, progress=progress)
+    asked = persona_questions(path)
+    return asked, read_as_users(store, sorted({q.user_id for q in asked}))
+
+
+def prepare_locomo(store: Store, conversations: Sequence[Conversation], *,
+                   progress: bool = True) -> tuple[list[EvalQuestion], str]:
+    """Load the conversations (once each, one tenant per conversation), each tenant reading through their key:
+    (questions, how read)."""
+    load_locomo(store, conversations, progress=progress)
+    return locomo_questions(conversations), read_as_users(store, [conv.tenant_id for conv in conversations])
+
+
 def evaluate_persona(store: Store, *, modes: Sequence[C.RecallMode] = C.RECALL_MODES, path: Path = PERSONA_DIR,
                      seed: int = CI_SEED, progress: bool = True) -> dict:
     """Load the persona corpus (once) and evaluate every question in every mode."""
     started = time.perf_counter()
-    load_persona(store, path, progress=progress)
-    asked = persona_questions(path)
-    reads = read_as_users(store, sorted({q.user_id for q in asked}))
+    asked, reads = prepare_persona(store, path=path, progress=progress)
     rows = ask_all(store, asked, modes, PERSONA_KS, progress=progress)
     corpus = read_persona_corpus(path)
     return persona_report(rows, asked, {doc["key"]: doc["text"] for doc in corpus}, seed=seed) | {
@@ -349,9 +362,7 @@ def evaluate_locomo(store: Store, conversations: Sequence[Conversation], *,
                     progress: bool = True) -> dict:
     """Load the conversations (once each, one tenant per conversation) and evaluate their questions in every mode."""
     started = time.perf_counter()
-    load_locomo(store, conversations, progress=progress)
-    asked = locomo_questions(conversations)
-    reads = read_as_users(store, [conv.tenant_id for conv in conversations])
+    asked, reads = prepare_locomo(store, conversations, progress=progress)
     rows = ask_all(store, asked, modes, LOCOMO_KS, progress=progress)
     return locomo_report(rows, asked, seed=seed) | {"data_sha256": fingerprint(locomo_documents(conversations), asked),
                                   "setup": setup(store, reads), "seconds": time.perf_counter() - started}
