@@ -221,7 +221,8 @@ def splice(store: Store, user_id: str, gone: Owned) -> None:
         after = [i for i in before if i != gone.id] + [i for i in predecessors if i not in before]
         return {"supersedes": after or None}
 
-    for neighbour_id, change in [*((p, repoint) for p in predecessors), *([(successor, relink)] if successor else [])]:
+    changes = [(p, repoint) for p in predecessors] + ([(successor, relink)] if successor else [])
+    for neighbour_id, change in changes:
         try:
             update_owned(store, user_id, prove_ownership(store, user_id, neighbour_id, archive=True), change,
                          refresh=store.refresh)
