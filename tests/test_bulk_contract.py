@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import uuid
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
 
+from atlas.core.config import load_settings
 from atlas.core.documents import build_document
-from atlas.core.errors import PartialWrite, ValidationError
+from atlas.core.errors import EmbeddingError, PartialWrite, ValidationError
 from atlas.core.memory import bulk_load
 from atlas.core.store import Store
+from atlas.stack import open_store
+
+from .conftest import make_prefix
 
 BATCH = 2
 #: Any fixed time: what is tested is which documents are written, not when.
@@ -78,3 +84,37 @@ def test_ids_must_match_the_documents(store):
     with pytest.raises(ValidationError, match="one id per document"):
         bulk_load(store, episodes(2), progress=False, ids=["only-one"])
     assert stored(store) == {}
+
+
+def test_an_embedding_failure_after_written_batches_reports_them_and_sends_nothing_more(store, monkeypatch):
+    """The third batch cannot be embedded while the second is being indexed: both written batches are
+    reported, and neither the third nor any later one is sent."""
+    docs = episodes(4 * BATCH)
+    inner = store.embedder.embed_passages
+
+    def embed(texts):
+        if any(text == docs[2 * BATCH]["text"] for text in texts):
+            raise EmbeddingError("the model ran out of memory")
+        return inner(texts)
+
+    monkeypatch.setattr(store.embedder, "embed_passages", embed)
+    with pytest.raises(PartialWrite, match="so they were not written") as info:
+        bulk_load(store, docs, batch=BATCH, progress=False)
+    assert len(info.value.indexed_ids) == 2 * BATCH
+    assert sorted(stored(store).values()) == sorted(doc["text"] for doc in docs[:2 * BATCH])
+    assert f"{2 * BATCH} later ones were not sent" in str(info.value)
+
+
+def test_a_cold_load_without_progress_draws_nothing(es, tmp_path, capfd):
+    """`progress=False` silences the whole load: the store's embedding caches, empty here, draw no bars of
+    their own (a cold cache once drew them on stderr in a notebook that asked for none)."""
+    settings = replace(load_settings(), home=tmp_path)  # an empty embedding cache; the models are loaded already
+    cold = open_store(make_prefix("cold-load"), settings=settings, es=es, tenancy=False, now=lambda: WHEN)
+    try:
+        docs = [build_document("sarah", f"cold cache text {i} {uuid.uuid4().hex}", "episodic", WHEN)
+                for i in range(100)]
+        capfd.readouterr()
+        assert len(bulk_load(cold, docs, progress=False)) == 100
+        assert capfd.readouterr().err == ""
+    finally:
+        cold.drop()

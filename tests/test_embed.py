@@ -44,7 +44,7 @@ def model(request: pytest.FixtureRequest) -> Embedder:
     return request.getfixturevalue(request.param)
 
 
-DIMS = {"all-MiniLM-L6-v2-int8": 384, "multilingual-e5-small-q4": 384, "nomic-embed-text-v1.5-int8-onnx": 768}
+DIMS = {"all-MiniLM-L6-v2-int8": 384, "multilingual-e5-small-q4": 384, "nomic-embed-text-v1.5-int8-token-onnx": 768}
 
 
 def _unit_rows(vectors: np.ndarray) -> bool:
@@ -138,6 +138,26 @@ def test_a_vector_does_not_depend_on_the_batch(model: Embedder) -> None:
     assert float(np.min(np.sum(alone * batched, axis=1))) > 0.99999
 
 
+def test_nomic_is_batched_and_its_vectors_do_not_depend_on_batch_size_or_mates(nomic: Embedder) -> None:
+    """Issue 19: cosine at least 0.9999 between a text embedded alone and in any batch."""
+    assert isinstance(nomic, OnnxEmbedder) and nomic.batch_size > 1
+    texts = [f"{name} said the {room} sensor went offline" + " after the firmware update" * (i % 7)
+             for i, (name, room) in enumerate(zip(["Caroline", "Melanie", "Jon"] * 8,
+                                                   ["porch", "garage", "nursery", "office"] * 6, strict=True))]
+    alone = np.stack([nomic.embed_passages([text])[0] for text in texts])
+    default = nomic.batch_size
+    try:
+        for size in (2, 5, 24):
+            nomic.batch_size = size
+            for order in (texts, texts[::-1]):
+                batched = nomic.embed_passages(order)
+                if order is not texts:
+                    batched = batched[::-1]
+                assert float(np.min(np.sum(alone * batched, axis=1))) >= 0.9999, size
+    finally:
+        nomic.batch_size = default
+
+
 def test_nomic_int8_keeps_the_fp32_models_ranking(nomic: Embedder) -> None:
     """The default is the quantized model; it must order passages as the fp32 model does."""
     fp32 = load_embedder("nomic-fp32")
@@ -146,7 +166,7 @@ def test_nomic_int8_keeps_the_fp32_models_ranking(nomic: Embedder) -> None:
                 "We moved from Bristol to Edinburgh.", "The nursery goes quiet at 7pm."]
     q8, q32 = nomic.embed_queries(queries), fp32.embed_queries(queries)
     p8, p32 = nomic.embed_passages(passages), fp32.embed_passages(passages)
-    assert nomic.name.endswith("int8-onnx") and fp32.name.endswith("f16-onnx")
+    assert nomic.name.endswith("int8-token-onnx") and fp32.name.endswith("f16-onnx")
     assert np.all(np.sum(p8 * p32, axis=1) > 0.95)
     assert np.array_equal((q8 @ p8.T).argmax(axis=1), [0, 1, 2])
     assert np.array_equal((q32 @ p32.T).argmax(axis=1), [0, 1, 2])

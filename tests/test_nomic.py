@@ -103,17 +103,20 @@ def test_graph_matches_the_numpy_forward_pass():
     assert np.allclose(hidden[real], expected[real], atol=1e-4)
 
 
+INT8 = nomic.VARIANTS["int8"][0]
+
+
 def test_a_built_model_is_kept_without_asking_the_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("model.onnx", "model.int8.onnx"):
+    for name in ("model.onnx", INT8):
         (tmp_path / name).write_bytes(b"built before")
     (tmp_path / "tokenizer.json").write_text("{}")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("the build went to the network"))
-    assert nomic.build(tmp_path) == tmp_path / "model.int8.onnx"
-    assert (tmp_path / "model.onnx").read_bytes() == (tmp_path / "model.int8.onnx").read_bytes() == b"built before"
+    assert nomic.build(tmp_path) == tmp_path / INT8
+    assert (tmp_path / "model.onnx").read_bytes() == (tmp_path / INT8).read_bytes() == b"built before"
 
 
-def test_a_missing_int8_model_is_quantized_from_fp32_and_stays_close(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_int8_model_is_quantized_per_token_from_fp32_and_stays_close(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import onnx
 
     reader = _reader(np.random.default_rng(3))
@@ -121,17 +124,26 @@ def test_a_missing_int8_model_is_quantized_from_fp32_and_stays_close(tmp_path: P
     (tmp_path / "tokenizer.json").write_text("{}")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("the build went to the network"))
     int8 = nomic.build(tmp_path)
-    assert int8 == tmp_path / "model.int8.onnx" and not (tmp_path / "model.int8.onnx.partial").exists()
+    assert int8 == tmp_path / INT8 and not (tmp_path / (INT8 + ".partial")).exists()
     graph = onnx.load(int8).graph
-    assert {n.op_type for n in graph.node} >= {"DynamicQuantizeLinear", "MatMulInteger"}
-    assert {i.data_type for i in graph.initializer if i.name.endswith("_quantized")} == {onnx.TensorProto.INT8}
-    assert quantizes_per_batch(int8) and not quantizes_per_batch(tmp_path / "model.onnx")  # so embedded one by one
+    assert "MatMulIntegerToFloat" in {n.op_type for n in graph.node} and "MatMul" in {n.op_type for n in graph.node}
+    assert {i.data_type for i in graph.initializer if i.name.endswith(".int8")} == {onnx.TensorProto.INT8}
+    assert not quantizes_per_batch(int8)  # so it is embedded in batches
+    first = int8.read_bytes()
+    int8.unlink()
+    assert nomic.build(tmp_path).read_bytes() == first  # deterministic, byte for byte
+
+    sessions = [ort.InferenceSession(str(tmp_path / name), providers=["CPUExecutionProvider"])
+                for name in ("model.onnx", INT8)]
     ids = np.array([[1, 5, 7, 3, 2]], dtype=np.int64)
-    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-    outputs = [ort.InferenceSession(str(tmp_path / name), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-               for name in ("model.onnx", "model.int8.onnx")]
+    outputs = [s.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0] for s in sessions]
     pooled = [o.mean(axis=1)[0] / np.linalg.norm(o.mean(axis=1)[0]) for o in outputs]
     assert 0.99 < float(pooled[0] @ pooled[1]) < 0.99999  # changed by quantization, not broken by it
+    # Batched with a longer text of far larger activations, each token is still quantized on its own.
+    batch = np.array([[1, 5, 7, 3, 2, 0, 0], [1, 9, 9, 9, 9, 9, 2]], dtype=np.int64)
+    mask = (batch != 0).astype(np.int64)
+    together = sessions[1].run(None, {"input_ids": batch, "attention_mask": mask})[0]
+    np.testing.assert_allclose(together[0, :5], outputs[1][0], rtol=1e-4, atol=1e-5)
 
 
 def test_a_failed_download_is_a_clear_error_and_leaves_no_model(tmp_path: Path,

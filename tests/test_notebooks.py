@@ -57,8 +57,9 @@ def each_cell_twice(nb: NotebookNode) -> NotebookNode:
 
 
 def printed(cell: NotebookNode) -> str:
-    """What a cell printed and displayed as text, masked with notebooks/sanitize.cfg. Not stderr: a first run
-    on a cold embedding cache draws progress bars there that the second run, answered from the cache, does not."""
+    """What a cell printed and displayed as text, masked with notebooks/sanitize.cfg. Not stderr: Python shows a
+    warning once per place and process, so a second run in the same kernel does not repeat it, and progress bars
+    carry rates and times."""
     text = "".join(out.get("text", "") + out.get("data", {}).get("text/plain", "") for out in cell.get("outputs", [])
                    if out.get("name") != "stderr")
     for regex, replace in SANITIZE:

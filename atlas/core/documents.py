@@ -85,21 +85,23 @@ def target_index(prefix: str, doc: Mapping) -> str:
 
 
 def embed_documents(store: Store, docs: Sequence[dict]) -> None:
-    """Fill every vector field of `docs` in place, in batches (the cache skips known texts)."""
+    """Fill every vector field of `docs` in place (the cache skips known texts).
+
+    A speaker's sentences go to the first model in the same call as the passages, so they share its batches.
+    """
     texts = [passage_text(doc) for doc in docs]
-    for field, embedder in store.passage_embedders.items():
-        vectors = embedder.embed_passages(texts)
-        for doc, vector in zip(docs, vectors, strict=True):
-            doc[field] = vector.tolist()
-            doc[MODEL_FIELDS[field]] = embedder.name
     sentences = [passage_sentences(doc) for doc in docs]
     flat = [s for group in sentences for s in group]
-    if not flat:  # most writes: no model call, no cache lookup
-        return
-    sentence_vectors = iter(store.embedder.embed_passages(flat))
-    for doc, group in zip(docs, sentences, strict=True):
-        if group:
-            doc["sentences"] = [{"embedding": next(sentence_vectors).tolist()} for _ in group]
+    for field, embedder in store.passage_embedders.items():
+        vectors = embedder.embed_passages(texts + flat if field == "embedding" else texts)
+        for doc, vector in zip(docs, vectors[:len(docs)], strict=True):
+            doc[field] = vector.tolist()
+            doc[MODEL_FIELDS[field]] = embedder.name
+        if field == "embedding" and flat:
+            sentence_vectors = iter(vectors[len(docs):])
+            for doc, group in zip(docs, sentences, strict=True):
+                if group:
+                    doc["sentences"] = [{"embedding": next(sentence_vectors).tolist()} for _ in group]
 
 
 def provision_users(store: Store, user_ids: Iterable[str | None]) -> None:

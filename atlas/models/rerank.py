@@ -105,9 +105,10 @@ class HttpRerankStage:
         return np.where(np.isnan(out), np.nanmin(out), out)
 
 
-def load_second_stage(spec: str | None, *, cache_dir: Path | None = None) -> SecondStage | None:
+def load_second_stage(spec: str | None, *, cache_dir: Path | None = None,
+                      progress: bool | None = None) -> SecondStage | None:
     """An embedder spec ('e5' is the default), 'embed:<embedder spec>', 'cross-encoder:/path',
-    'http(s)://...#model', or 'none'."""
+    'http(s)://...#model', or 'none' (`progress`: the embedding cache's bar, as in `load_embedder`)."""
     if not spec or spec == "none":
         return None
     if spec.startswith("cross-encoder:"):
@@ -115,4 +116,4 @@ def load_second_stage(spec: str | None, *, cache_dir: Path | None = None) -> Sec
     if spec.startswith(("http://", "https://")):
         url, _, model = spec.partition("#")
         return HttpRerankStage(url, model or None, os.environ.get("ATLAS_RERANK_API_KEY"))
-    return EmbeddingSecondStage(load_embedder(spec.removeprefix("embed:"), cache_dir=cache_dir))
+    return EmbeddingSecondStage(load_embedder(spec.removeprefix("embed:"), cache_dir=cache_dir, progress=progress))
