@@ -34,9 +34,8 @@ def per_batch_model(folder: Path, into: Path) -> OnnxEmbedder:
     target = into / "model.int8-batch.onnx"
     quantize_dynamic(folder / "model.onnx", target, weight_type=QuantType.QInt8, per_channel=True,
                      op_types_to_quantize=["MatMul"])
-    model = OnnxEmbedder(target, folder / "tokenizer.json", "nomic-int8-per-batch", passage_prefix=PASSAGE_PREFIX)
-    model.batch_size = 1  # what Atlas did with it: its vectors depend on the batch
-    return model
+    # OnnxEmbedder sees its per-batch quantization and embeds one text at a time, as Atlas had to.
+    return OnnxEmbedder(target, folder / "tokenizer.json", "nomic-int8-per-batch", passage_prefix=PASSAGE_PREFIX)
 
 
 def quality(model: OnnxEmbedder, texts: list[str], reference: np.ndarray) -> dict:

@@ -129,6 +129,10 @@ def test_a_missing_int8_model_is_quantized_per_token_from_fp32_and_stays_close(
     assert "MatMulIntegerToFloat" in {n.op_type for n in graph.node} and "MatMul" in {n.op_type for n in graph.node}
     assert {i.data_type for i in graph.initializer if i.name.endswith(".int8")} == {onnx.TensorProto.INT8}
     assert not quantizes_per_batch(int8)  # so it is embedded in batches
+    inputs = {n.input[0] for n in graph.node if n.op_type == "MatMulIntegerToFloat"}
+    assert sum(n.op_type == "ReduceMax" for n in graph.node) == len(inputs)  # one quantization per shared input
+    used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    assert all(any(o in used for o in n.output) for n in graph.node), "no dead node in the graph"
     first = int8.read_bytes()
     int8.unlink()
     assert nomic.build(tmp_path).read_bytes() == first  # deterministic, byte for byte

@@ -15,7 +15,7 @@ mean-pooled by `atlas.models.embed.OnnxEmbedder`. The vocabulary is rebuilt as a
 The fp32 graph is then quantized to int8 (`quantize_per_token`): int8 weights per output channel, and
 activations quantized per token inside the graph, so a text's vector is the same alone or in any batch
 (cosine above 0.9999, tested) and texts are embedded in batches of `C.NOMIC_BATCH`. 209 MB against 548,
-and closer to fp32 than onnxruntime's per-batch dynamic quantization was (docs/evaluation.md, change 16).
+and closer to fp32 than onnxruntime's per-batch dynamic quantization was (docs/evaluation.md, change 14).
 `nomic` loads the int8 model, `nomic-fp32` the other. The build is deterministic: the same packages give
 the same two files, byte for byte.
 
@@ -232,7 +232,9 @@ def quantize_per_token(model):
         added += [numpy_helper.from_array(w_codes, name + ".int8"),
                   numpy_helper.from_array(w_scale, name + ".scale"),
                   numpy_helper.from_array(column_sums, name + ".column_sums")]
-        codes, scale, offset = quantized.setdefault(original.input[0], per_token(original.input[0]))
+        if original.input[0] not in quantized:
+            quantized[original.input[0]] = per_token(original.input[0])
+        codes, scale, offset = quantized[original.input[0]]
         product = node("MatMulIntegerToFloat", [codes, name + ".int8", "q.one", name + ".scale"],
                        domain="com.microsoft")
         corrected = node("Add", [product, node("Mul", [offset, name + ".column_sums"])])
