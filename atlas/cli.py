@@ -313,21 +313,30 @@ def users_import(file: typer.FileText = typer.Argument(..., encoding="utf-8",
 
 @app.command("bench")
 def bench_cmd(quick: bool = typer.Option(False, "--quick", help="1k and 10k memories only, fewer repetitions (CI)"),
+              plan: str | None = typer.Option(None, help="named plan: smoke, quick, full (default) or million "
+                                                          "(10k, 100k and 1M memories, about an hour)"),
               scale: list[int] | None = typer.Option(None, help="corpus size, repeatable (default: the plan's)"),
               prefix: str = typer.Option("bench", help="index prefix stem; one prefix per scale, dropped afterwards"),
               seed: int = typer.Option(7, help="seed of the synthetic corpus and of the query draws"),
+              record: bool = typer.Option(False, "--record", help="also write the JSON to results/bench/ (the "
+                                                                  "committed run notebook 10 shows)"),
               progress: bool = typer.Option(True, help="progress bars on stderr")) -> None:
     """Latency, throughput, ingest, index size and memory in one run: outputs/bench/*.json and figures."""
     from atlas.core.config import load_settings
-    from atlas.research.bench import render_markdown, results_path, run
+    from atlas.research.bench import PLANS, RECORDED_DIR, render_markdown, results_path, run, write_json
 
     outputs = load_settings().outputs_dir
+    if plan is not None and plan not in PLANS:
+        _fail(AtlasError(f"--plan must be one of {', '.join(PLANS)}, not {plan!r}"))
     try:
-        results = run(quick=quick, scales=scale or None, prefix=prefix, seed=seed, out_dir=outputs, progress=progress)
+        results = run(quick=quick, plan=PLANS.get(plan or ""), scales=scale or None, prefix=prefix, seed=seed,
+                      out_dir=outputs, progress=progress)
     except AtlasError as exc:
         _fail(exc)
     typer.echo(render_markdown(results))
     typer.echo(f"\nwrote {results_path(outputs, results['meta']['plan']['name'])} and figures in {outputs / 'figures'}")
+    if record:
+        typer.echo(f"recorded {write_json(results, RECORDED_DIR)}")
 
 
 @app.command("bench-nodes")
@@ -517,6 +526,29 @@ def notebooks_run(out: Path | None = typer.Option(None, help="folder of executed
     if not (results and results[-1].ok and len(results) == len(found)):
         raise typer.Exit(code=1)
     typer.echo(f"all {len(results)} notebook(s) ran in {total:.1f} s")
+
+
+@notebooks_app.command("times")
+def notebooks_times(notebooks: Path | None = typer.Option(None, help="folder of NN_*.ipynb (default: notebooks/)"),
+                    only: list[str] | None = typer.Option(None, metavar="NN",
+                                                          help="measure only notebook NN (repeatable)")) -> None:
+    """Each notebook's wall time cold and warm, into notebooks/times.json (the times the openings state)."""
+    import json
+    import tempfile
+
+    from atlas.core.config import load_settings
+    from atlas.notebook.runner import TIMES_FILE, discover, measure_times, notebooks_dir
+
+    notebooks = notebooks if notebooks is not None else notebooks_dir(load_settings())
+    path = notebooks / TIMES_FILE
+    times = json.loads(path.read_text()) if path.is_file() else {}
+    with tempfile.TemporaryDirectory(prefix="atlas-times-") as work:
+        try:
+            times |= measure_times(discover(notebooks, only), work, echo=lambda line: print(line, flush=True))
+        except RuntimeError as exc:
+            _fail(AtlasError(str(exc)))
+    path.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
+    typer.echo(f"wrote {path}")
 
 
 @notebooks_app.command("summary")

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from atlas.core import constants as C
 from atlas.core.config import load_settings
 from atlas.core.connection import connect
-from atlas.core.schemas import all_indices, drop_indices
-from atlas.research.bench import index_size
+from atlas.core.schemas import drop_indices
+from atlas.research.bench import index_size, knn_memory
 from atlas.research.datasets import PERSONA_NOW
 from atlas.research.evaluate import evaluate_locomo, evaluate_persona
 from atlas.research.locomo import load_conversations
@@ -32,20 +32,6 @@ from atlas.stack import open_store
 #: Format name -> (index type of the kNN fields, vectors kept in `_source`); "v3" is schema v3, the before.
 FORMATS: dict[str, tuple[C.VectorIndex, bool]] = {
     "v3": ("hnsw", True), "hnsw": ("hnsw", False), "int8_hnsw": ("int8_hnsw", False), "bbq_hnsw": ("bbq_hnsw", False)}
-#: Vector file a search scores with, per index type (besides the graph, `vex`).
-SEARCHED = {"hnsw": "vec", "int8_hnsw": "veq", "bbq_hnsw": "veb"}
-
-
-def vector_files(es, prefix: str) -> dict[str, int]:
-    """Bytes of each vector file kind over the prefix's primaries (`_stats/dense_vector`, after the flush of
-    `index_size`), and how many vectors (nested sentence vectors included) they hold."""
-    stats = es.indices.stats(index=",".join(all_indices(prefix)), metric="dense_vector")["_all"]["primaries"]
-    vectors = stats["dense_vector"]
-    return {"vectors": vectors["value_count"]} | {
-        key.removeprefix("total_").removesuffix("_size_bytes"): value
-        for key, value in vectors["off_heap"].items() if key.startswith("total_") and key != "total_size_bytes"}
-
-
 def measure(name: str, run: str, conversations: Sequence | None) -> dict:
     vector_index, source_vectors = FORMATS[name]
     prefix = f"vf-{name.replace('_', '-')}-{run}"
@@ -58,10 +44,11 @@ def measure(name: str, run: str, conversations: Sequence | None) -> dict:
     else:
         store = open_store(prefix, settings=settings)
         report = evaluate_locomo(store, conversations, progress=False)
-    size, files = index_size(store.es, prefix), vector_files(store.es, prefix)
+    size = index_size(store.es, prefix)
+    files = size["vector_files"]
     store.drop()
     memories = size["docs"]
-    searched = files["vex"] + files[SEARCHED[vector_index]]
+    searched = knn_memory(files)
     return {"format": name, "run": run, "vector_index": vector_index, "source_vectors": source_vectors,
             "memories": memories, "disk_bytes_per_memory": size["bytes"] / memories,
             "vector_files": files, "search_memory_bytes_per_memory": searched / memories,

@@ -264,6 +264,7 @@ def test_every_command_rejects_an_unknown_option():
     (["bench", "--scale", "abc"], "Invalid value"),
     (["bench", "--scale", "5"], "error: scales must be"),
     (["bench", "--prefix", "Bad Prefix"], "error: index prefix"),
+    (["bench", "--plan", "billion"], "error: --plan must be one of smoke, quick, full, million"),
     (["archive", "--prefix", "Bad Prefix"], "error: index prefix"),
 ])
 def test_cli_bad_values_fail_with_a_message(args, message):

@@ -33,6 +33,17 @@ def test_index_size_sees_documents_written_just_before(store) -> None:
     assert (empty["docs"], loaded["docs"]) == (0, 20)
     assert loaded["bytes"] > empty["bytes"] + 20 * 768 * 4  # at least the raw nomic vectors
     assert loaded["bytes_per_1k"] == pytest.approx(loaded["bytes"] / 20 * 1000)
+    files = loaded["vector_files"]  # schema v4: bbq_hnsw searches 1-bit vectors, the floats stay on disk beside them
+    assert files["vectors"] >= 20 and 0 < files["veb"] < files["vec"]
+    assert loaded["knn_bytes"] == files["vex"] + files["veb"]
+
+
+def test_knn_memory_is_the_graph_and_the_vectors_searched():
+    from atlas.research.bench import knn_memory
+
+    assert knn_memory({"vex": 10, "veb": 5, "vec": 100}) == 15  # bbq_hnsw
+    assert knn_memory({"vex": 10, "veq": 40, "vec": 100}) == 50  # int8_hnsw
+    assert knn_memory({"vex": 10, "vec": 100}) == 110 and knn_memory({}) == 0  # hnsw; an empty index
 
 
 def test_a_bench_store_drops_what_an_interrupted_run_left(store) -> None:
@@ -103,9 +114,10 @@ def test_nodes_comparison_ratios_and_sizing() -> None:
     assert got["recall bm25 p50"] == 2.5 and got["write p95"] == pytest.approx(1.2) and got["ingest rate"] == 0.5
     figures = per_memory(results["clusters"]["3 nodes"])
     assert figures == {"disk_bytes": 4000, "disk_bytes_all_copies": 8000, "heap_bytes": 300 * 2**20 / 1000}
-    assert vector_bytes(768) == 3120
+    # Elasticsearch's rules: the scored vectors (bbq: dims / 8 + 14, floats: 4 x dims) and the graph (4 x m)
+    assert vector_bytes(768) == 768 / 8 + 14 + 64 == 174 and vector_bytes(768, "hnsw") == 4 * 768 + 64
     small = node_capacity(8, 200, figures=figures, dims=768, replicas=1)
-    assert small["heap_gib"] == 4 and small["by_vectors"] == pytest.approx(4 * 2**30 / 3120 / 2)
+    assert small["heap_gib"] == 4 and small["by_vectors"] == pytest.approx(4 * 2**30 / 174 / 2)
     assert small["by_disk"] == pytest.approx(200 * 2**30 * 0.85 / 4000 / 2)
     assert small["memories"] == min(small["by_vectors"], small["by_disk"])
     assert node_capacity(128, 100, figures=figures, dims=768, replicas=1)["heap_gib"] == 31
@@ -125,3 +137,68 @@ def test_latency_figure_has_a_line_per_mode_and_percentile_on_log_axes(tmp_path)
     assert labels[:4] == ["bm25 p50", "bm25 p95", "hybrid p50", "hybrid p95"] and len(labels) == 7
     assert all(len(line.get_xdata()) == 3 for line in ax.get_lines()[:4])
     assert (tmp_path / "figures" / "bench_recall_latency.png").is_file()
+
+
+def _ingest_results() -> dict:
+    stages = {"a": {"texts_per_s": 60.0, "share": 0.3}, "b": {"texts_per_s": 30.0, "share": 0.6}}
+    return {"ingest": {"without_embedding": {"1000": 600.0, "1000000": 800.0},
+                       "with_embedding": {"docs": 128, "per_s": 19.0, "seconds": 6.7, "stages": stages}},
+            "embedding": {name: {"passages_per_s": rate, "query": {"p50_ms": 20.0}}
+                          for name, rate in (("a", 90.0), ("b", 45.0))}}
+
+
+def test_ingest_figure_sets_the_load_beside_the_models_ceiling(tmp_path):
+    """Issue 19: the load with both models beside the most the models allow (a text of each per memory:
+    1 / (1/90 + 1/45) = 30/s), and each model inside the load beside alone."""
+    from atlas.notebook.plots import bench_ingest
+
+    left, right = bench_ingest(_ingest_results(), out_dir=tmp_path).axes
+    assert [p.get_height() for p in left.patches] == [600, 800, 19, pytest.approx(30.0)]
+    assert left.get_yscale() == "log" and left.get_ylim()[0] == 1
+    assert [p.get_height() for p in right.patches] == [60, 30, 90, 45]
+    assert right.get_legend_handles_labels()[1] == ["inside bulk_load", "alone, batched, no cache"]
+    assert (tmp_path / "figures" / "bench_ingest.png").is_file()
+
+
+def test_tables_give_load_minutes_and_the_parts_inside_the_parts():
+    """The load's minutes follow from its rate; the detail table appears only for runs that measured it."""
+    from atlas.research.bench import tables
+
+    recall = {"hybrid": {"p50_ms": 50.0, "p95_ms": 90.0, "p99_ms": 99.0, "parts_ms": {"es": 40.0, "other": 10.0},
+                         "detail_ms": {"took_bm25": 12.0, "took_dense": 20.0, "settle": 0.0, "mget": 0.0}}}
+    results = {**_ingest_results(), "corpus": {}, "recall": {"1000000": recall}, "index_size": {}, "memory": {}}
+    got = {t.title: t for t in tables(results)}
+    ingest = [dict(zip(got["Bulk ingest"].columns, row, strict=True)) for row in got["Bulk ingest"].rows]
+    assert ingest[1]["memories/s"] == "800" and ingest[1]["minutes"] == f"{1_000_000 / 800 / 60:.1f}"
+    detail = next(t for title, t in got.items() if title.startswith("Inside the parts"))
+    assert detail.columns == ["memories", "mode", "took_bm25", "took_dense", "settle", "mget"]
+    assert detail.rows == [["1,000,000", "hybrid", "12.0", "20.0", "0.0", "0.0"]]
+    del recall["hybrid"]["detail_ms"]
+    assert not any(t.title.startswith("Inside the parts") for t in tables(results))
+
+
+def test_a_saved_run_is_loaded_by_plan_and_plans_are_named(tmp_path):
+    from atlas.research.bench import MILLION, PLANS, load_results, write_json
+
+    assert load_results(tmp_path) is None
+    for name in ("smoke", "million", "quick"):
+        write_json({"meta": {"plan": {"name": name}}}, tmp_path)
+    assert load_results(tmp_path) == {"meta": {"plan": {"name": "quick"}}}
+    assert load_results(tmp_path, plans=("million",)) == {"meta": {"plan": {"name": "million"}}}
+    assert list(PLANS) == ["smoke", "quick", "full", "million"] and MILLION.scales == (10_000, 100_000, 1_000_000)
+
+
+def test_the_recorded_million_run_is_what_the_docs_quote():
+    """Issue 19: the growth figures in docs/benchmarks.md and the README come from the committed run that notebook
+    10 plots (`atlas bench --plan million --record`)."""
+    from atlas.core.config import REPO_ROOT
+    from atlas.research.bench import MILLION, RECORDED_DIR, load_results
+
+    recorded = load_results(RECORDED_DIR, plans=["million"])
+    assert recorded is not None and recorded["meta"]["plan"]["scales"] == list(MILLION.scales)
+    small, large = (recorded["recall"][str(n)][C.DEFAULT_RECALL_MODE]["p95_ms"] for n in (10_000, 1_000_000))
+    docs, readme = ((REPO_ROOT / name).read_text() for name in ("docs/benchmarks.md", "README.md"))
+    assert f"went from {small:.0f} ms at 10k to {large:.0f} ms at 1M, {large / small:.2f}x" in docs
+    assert f"went from {small:.0f} ms at 10k memories to {large:.0f} ms at 1M ({large / small:.2f}x)" in readme
+    size = recorded["index_size"]["1000000"]
+    assert f"| {size['bytes'] / 1e9:.1f} GB | {size['bytes_per_1k'] / 1000 / 1000:.1f} KB |" in docs

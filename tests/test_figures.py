@@ -43,6 +43,15 @@ FIGURES = {
     "precision_recall": lambda out: plots.precision_recall(
         {"facts": {"matched": 14, "proposed": 19, "expected": 22},
          "outcomes": {"matched": 6, "proposed": 6, "expected": 8}}, title="a proposer", out_dir=out),
+    "grouped_bars": lambda out: plots.grouped_bars(
+        {"semantic": {"bm25": 0.8, "hybrid": 0.9}, "overall": {"bm25": 0.7, "hybrid": 0.85}},
+        errors={"semantic": {"bm25": (0.7, 0.9), "hybrid": (0.85, 0.95)}}, reference={"overall": 0.75},
+        title="R@10", xlabel="memory type", ylabel="R@10", out_dir=out),
+    "bench_ingest": lambda out: plots.bench_ingest(
+        {"ingest": {"without_embedding": {"10000": 800.0, "1000000": 700.0}, "with_embedding": {
+            "per_s": 19.0, "stages": {"nomic": {"texts_per_s": 60.0, "share": 0.3},
+                                      "e5": {"texts_per_s": 30.0, "share": 0.6}}}},
+         "embedding": {"nomic": {"passages_per_s": 87.0}, "e5": {"passages_per_s": 51.0}}}, out_dir=out),
 }
 
 
@@ -71,3 +80,9 @@ def test_figure_is_labelled_and_saved(name, tmp_path):
     assert named, f"{name}: nothing names what is drawn (no legend, no colour bar)"
     assert not _overlapping(fig), f"{name}: overlapping tick labels {_overlapping(fig)}"
     assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 0
+
+
+def test_grouped_bars_name_their_intervals_and_reference(tmp_path):
+    """Issue 21: the error bars say what they are in the legend, beside the modes and the reference tick."""
+    labels = FIGURES["grouped_bars"](tmp_path).axes[0].get_legend_handles_labels()[1]
+    assert sorted(labels) == ["95% bootstrap interval", "bm25", "hybrid", "reference"]

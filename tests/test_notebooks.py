@@ -14,6 +14,7 @@ without touching this file. nbval (`make test`) separately checks the committed 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -23,7 +24,15 @@ from nbformat import NotebookNode
 from nbformat.v4 import new_code_cell
 from nbval.plugin import get_sanitize_patterns
 
-from atlas.notebook.runner import KERNEL, discover, run_notebook, unique_prefix
+from atlas.notebook.runner import (
+    KERNEL,
+    TIMES_FILE,
+    discover,
+    duration_words,
+    how_long,
+    run_notebook,
+    unique_prefix,
+)
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.cluster]
 
@@ -81,6 +90,12 @@ def test_notebooks_are_found():
     assert len(numbers) == len(set(numbers)), f"notebook numbers must be unique: {numbers}"
 
 
+def _opening(nb: NotebookNode) -> str:
+    """The markdown before the `parameters` cell."""
+    params = next(i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", []))
+    return "".join(c.source for c in nb.cells[:params] if c.cell_type == "markdown")
+
+
 @pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])
 def test_notebook_follows_conventions(path):
     """Title first, the opening (what you need, `make lab`, how long, `KEEP`), a `parameters` cell with the
@@ -91,7 +106,7 @@ def test_notebook_follows_conventions(path):
     assert nb.metadata.get("kernelspec", {}).get("name") == KERNEL
     params = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(params) == 1, "exactly one cell tagged `parameters`"
-    opening = "".join(c.source for c in nb.cells[:nb.cells.index(params[0])] if c.cell_type == "markdown")
+    opening = _opening(nb)
     for words in ("**What you need:**", "`make lab`", "**How long:**", "`KEEP = True`"):
         assert words in opening, f"the opening does not say {words}"
     for name in ("INDEX_PREFIX", "NOW", "SEED", "K", "SCALE", "OUT_DIR", "LLM", "KEEP"):
@@ -99,6 +114,21 @@ def test_notebook_follows_conventions(path):
     last_code = [c for c in nb.cells if c.cell_type == "code"][-1]
     assert ".drop()" in last_code.source or "drop_indices" in last_code.source, "the last code cell drops the prefix"
     each_cell_twice(nb)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_openings_and_the_workshop_path_state_the_measured_times(path):
+    """Issue 21: no typed run time. Each opening's **How long:** is `how_long` of the notebook's entry in
+    notebooks/times.json (written by `atlas notebooks times`), and the workshop table gives the same times."""
+    entry = json.loads((path.parent / TIMES_FILE).read_text())[path.stem]
+    assert how_long(entry) in _opening(nbformat.read(path, as_version=4))
+    row = f"| `{path.stem}` | {duration_words(entry['warm_s'])} | {duration_words(entry['cold_s'])} |"
+    assert row in (path.parent / "README.md").read_text()
+
+
+def test_times_are_said_as_measured():
+    assert [duration_words(s) for s in (0.4, 12.4, 57, 58, 75, 76, 149.6)] == [
+        "5 s", "10 s", "55 s", "1 min", "1 min", "1.5 min", "2.5 min"]
 
 
 @pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])

@@ -430,3 +430,15 @@ def test_the_session_pass_brings_a_found_sessions_next_turn_up(store):
     assert [bm25["path"], knn["path"]] == ["bm25@trip", "dense@trip"] and bm25["body"]["size"] == 2
     for request in (bm25, knn):
         assert str(request["body"]).count("{'term': {'session_id': 'trip'}}") == (1 if request is bm25 else 2)
+
+
+def test_timings_split_each_paths_search_the_supersession_check_and_the_mget(store):
+    """Where a recall's time goes, as the benchmark reports it at a million memories: each path's server time
+    (`took`) inside the `_msearch`, the supersession check inside fusion, the `mget` inside the second stage."""
+    assert store.second_stage is not None and store.second_stage.embedder is not None, "needs the e5 second stage"
+    write_episode(store, "tim", "The garage door sensor went offline after the storm")
+    timings = recall(store, "tim", "garage sensor offline", mode="hybrid+rerank", touch=False).timings
+    assert 0 <= timings["took_bm25"] <= timings["es"] and 0 <= timings["took_dense"] <= timings["es"]
+    assert 0 < timings["settle"] <= timings["fusion"] and 0 < timings["mget"] <= timings["second"]
+    bm25 = recall(store, "tim", "garage sensor offline", mode="bm25", touch=False).timings
+    assert "took_bm25" in bm25 and "took_dense" not in bm25 and "mget" not in bm25

@@ -57,6 +57,8 @@ class Settings:
     vector_index: C.VectorIndex = C.VECTOR_INDEX
     source_vectors: bool = C.SOURCE_VECTORS
     index_prefix: str = DEFAULT_INDEX_PREFIX
+    #: Where the embedding cache lives, when not under `cache_dir` (`atlas notebooks times` empties it for a cold run).
+    embedding_cache: Path | None = None
     #: Name of Atlas's service user and of its role (`atlas.ops.service`).
     service_user: str = SERVICE_PRINCIPAL
     #: Embedder spec of the first stage (see `atlas.models.embed.load_embedder`).
@@ -112,7 +114,7 @@ class Settings:
     @property
     def embedding_cache_dir(self) -> Path:
         """The on-disk vectors of every model, keyed by model and text (`atlas.models.embed.CachedEmbedder`)."""
-        return self.cache_dir / "embeddings"
+        return self.embedding_cache or self.cache_dir / "embeddings"
 
     @property
     def outputs_dir(self) -> Path:
@@ -131,9 +133,9 @@ class Settings:
 def load_settings(**overrides: object) -> Settings:
     """Settings from the environment (ES_URL, ES_API_KEY, ES_USERNAME, ES_PASSWORD, ES_CA_CERTS,
     ATLAS_ES_NODES, ATLAS_ES_PORT, ATLAS_ES_TRANSPORT_PORT, ATLAS_ES_HEAP, ATLAS_SHARDS, ATLAS_REPLICAS,
-    ATLAS_INDEX_PREFIX, ATLAS_SERVICE_USER, ATLAS_EMBEDDER, ATLAS_RERANKER, OPENAI_BASE_URL, OPENAI_API_KEY,
-    ATLAS_LLM_MODEL), then keyword overrides. Ports, heap, shards and replicas default by the number of local
-    nodes."""
+    ATLAS_INDEX_PREFIX, ATLAS_EMBEDDING_CACHE, ATLAS_SERVICE_USER, ATLAS_EMBEDDER, ATLAS_RERANKER, OPENAI_BASE_URL,
+    OPENAI_API_KEY, ATLAS_LLM_MODEL), then keyword overrides. Ports, heap, shards and replicas default by the number
+    of local nodes."""
     env = os.environ.get
     nodes = int(str(overrides.get("es_nodes") or env("ATLAS_ES_NODES", "1")))
     single = nodes == 1
@@ -151,6 +153,7 @@ def load_settings(**overrides: object) -> Settings:
         "shards": int(env("ATLAS_SHARDS", C.SINGLE_NODE_SHARDS if single else nodes)),
         "replicas": int(env("ATLAS_REPLICAS", C.SINGLE_NODE_REPLICAS if single else C.CLUSTER_REPLICAS)),
         "index_prefix": env("ATLAS_INDEX_PREFIX", DEFAULT_INDEX_PREFIX),
+        "embedding_cache": Path(cache) if (cache := env("ATLAS_EMBEDDING_CACHE")) else None,
         "service_user": env("ATLAS_SERVICE_USER", SERVICE_PRINCIPAL),
         "embedder": env("ATLAS_EMBEDDER", DEFAULT_EMBEDDER),
         "reranker": env("ATLAS_RERANKER", DEFAULT_RERANKER),

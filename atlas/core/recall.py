@@ -71,7 +71,9 @@ class RecallResult:
     second_stage: str | None
     #: Said when something fell back (e.g. "second stage failed: ...; RRF order").
     note: str | None
-    #: Seconds spent in query embedding, Elasticsearch, fusion and the second stage.
+    #: Seconds spent in query embedding ("embed"), the `_msearch` ("es"), fusion ("fusion") and the second stage
+    #: ("second"), and within them: each path's search on the server ("took_<path>", from the response's `took`),
+    #: the check of in-flight supersessions ("settle") and the second stage's `mget` of stored vectors ("mget").
     timings: dict[str, float]
     #: The `_msearch` body, header and search per path.
     requests: list[dict]
@@ -188,10 +190,10 @@ def to_kibana(requests: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _msearch(store: Store, user_id: str, requests: list[dict]
+def _msearch(store: Store, user_id: str, requests: list[dict], *, timings: dict[str, float] | None = None
              ) -> tuple[dict[str, dict], dict[str, list[str]], dict[str, dict[str, float]]]:
     """Send `requests` as one `_msearch`: ({key: raw hit}, {path: [key, ...]}, {key: {path: _score}}),
-    a key being "<index>/<id>"."""
+    a key being "<index>/<id>"; each path's server time goes into `timings` as "took_<path>" (seconds)."""
     searches = [part for r in requests for part in (r["header"], r["body"])]
     responses = store.read_client(user_id).msearch(searches=searches)["responses"]
     raw: dict[str, dict] = {}
@@ -202,6 +204,8 @@ def _msearch(store: Store, user_id: str, requests: list[dict]
             error = response["error"]
             reason = (error.get("root_cause") or [error])[0].get("reason")
             raise AtlasError(f"{request['path']} search failed: {reason}")
+        if timings is not None:
+            timings[f"took_{request['path']}"] = response["took"] / 1000
         rankings[request["path"]] = []
         for doc in response["hits"]["hits"]:
             key = f"{doc['_index']}/{doc['_id']}"
@@ -241,14 +245,18 @@ def settle_supersessions(store: Store, user_id: str, hits: list[Hit]) -> list[Hi
 # --- the second stage -------------------------------------------------------------------------
 
 
-def _second_stage(store: Store, user_id: str, query: str, pool: list[Hit], rrf_weight: float) -> None:
-    """Re-score `pool` in place (`combine`); `Hit.second_stage_score` keeps the stage's own score."""
+def _second_stage(store: Store, user_id: str, query: str, pool: list[Hit], rrf_weight: float,
+                  timings: dict[str, float]) -> None:
+    """Re-score `pool` in place (`combine`); `Hit.second_stage_score` keeps the stage's own score; the `mget` of
+    stored vectors is timed as "mget"."""
     stage = store.second_stage
     assert stage is not None
     vectors = None
     if stage.embedder is not None:
+        started = time.perf_counter()
         docs = store.read_client(user_id).mget(docs=[{"_index": h.index, "_id": h.id, "routing": user_id}
                                                      for h in pool], source_includes=["rerank_embedding"])["docs"]
+        timings["mget"] = time.perf_counter() - started
         try:
             vectors = np.asarray([d["_source"]["rerank_embedding"] for d in docs], dtype=np.float32)
         except KeyError:
@@ -333,13 +341,15 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
                                      window=max(window, k), query_vector=query_vector, period=period,
                                      routed=routed)
     started = time.perf_counter()
-    raw, rankings, path_scores = _msearch(store, user_id, requests)
+    raw, rankings, path_scores = _msearch(store, user_id, requests, timings=timings)
     timings["es"] = time.perf_counter() - started
     started = time.perf_counter()
     hits = [_hit(raw[key], ranks, path_scores[key], score)
             for key, score, ranks in rrf_fuse(rankings, rank_constant=rank_constant)]
     if not include_superseded:
+        settling = time.perf_counter()
         hits = settle_supersessions(store, user_id, hits)
+        timings["settle"] = time.perf_counter() - settling
     timings["fusion"] = time.perf_counter() - started
     stage_name, note = None, None
     if mode == "hybrid+rerank" and hits:
@@ -349,7 +359,7 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
             started = time.perf_counter()
             head = hits[:pool]
             try:
-                _second_stage(store, user_id, query, head, rrf_weight)
+                _second_stage(store, user_id, query, head, rrf_weight, timings)
                 stage_name = store.second_stage.name
                 hits = head + hits[pool:]
             except AtlasError as exc:

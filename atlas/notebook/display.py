@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from elasticsearch import Elasticsearch
@@ -238,17 +239,52 @@ def elide_vectors(requests: list[dict], head: int = VECTOR_HEAD) -> list[dict]:
     return out
 
 
-def show_request(requests: list[dict], *, full: bool = False, pretty: bool = False) -> None:
+def show_request(requests: list[dict], *, full: bool = False, pretty: bool = False,
+                 save_to: str | Path | None = None) -> None:
     """Print the recall's `_msearch` as typed in Kibana Dev Tools (`atlas.core.recall.to_kibana`).
 
-    Query vectors are elided unless `full` (then the text pastes as is). `pretty` indents
-    each search, for reading.
+    Query vectors are elided unless `full` (then the text pastes as is). `pretty` lays out each search with
+    `compact_json`, for reading. `save_to` also writes the whole request, vectors included, to that file, which
+    pastes into Kibana as is.
     """
     text = to_kibana(requests if full else elide_vectors(requests))
     if pretty:
         first, *bodies = text.splitlines()
-        text = "\n".join([first] + [json.dumps(json.loads(b), indent=2) for b in bodies])
+        text = "\n".join([first] + [compact_json(json.loads(b)) for b in bodies])
     print(text)
+    if save_to is not None:
+        path = Path(save_to)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(to_kibana(requests) + "\n")
+        print(f"(the whole request, vectors included, is in {path.parent.name}/{path.name})")
+
+
+def compact_json(value: object, *, width: int = 100, indent: int = 2) -> str:
+    """JSON laid out for reading: a value that fits in `width` stays on one line, a long list of plain values
+    is filled line by line, anything else is indented; `json.loads` gives the value back."""
+
+    def lay(node: object, level: int, lead: int) -> str:  # lead: characters before it on its line
+        flat = json.dumps(node)
+        if not isinstance(node, (dict, list)) or not node or lead + len(flat) < width:  # room for a comma
+            return flat
+        pad, close = " " * (indent * (level + 1)), " " * (indent * level)
+        if isinstance(node, dict):
+            items = [f"{pad}{json.dumps(k)}: {lay(v, level + 1, len(pad) + len(json.dumps(k)) + 2)}"
+                     for k, v in node.items()]
+        elif all(not isinstance(v, (dict, list)) for v in node):
+            items, line = [], ""
+            for piece in (json.dumps(v) for v in node):
+                if line and len(pad) + len(line) + len(piece) + 3 > width:
+                    items.append(pad + line)
+                    line = ""
+                line = f"{line}, {piece}" if line else piece
+            items.append(pad + line)
+        else:
+            items = [pad + lay(v, level + 1, len(pad)) for v in node]
+        open_, end = ("{", "}") if isinstance(node, dict) else ("[", "]")
+        return f"{open_}\n" + ",\n".join(items) + f"\n{close}{end}"
+
+    return lay(value, 0, 0)
 
 
 # --- supersession chains -------------------------------------------------------------------

@@ -21,7 +21,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from atlas.core.clock import parse_date
 from atlas.core.scoring import DEFAULT_PARAMS, ScoringParams, days, recency, use_boost
@@ -273,6 +273,9 @@ def bench_latency(results: Mapping, *, out_dir: str | Path | None = None, name: 
            xlabel="memories in the index (log scale)", ylabel="recall latency (ms, log scale)",
            title=f"Recall latency against corpus size ({len(sizes)} corpora)")
     ax.minorticks_off()
+    low, high = ax.get_ylim()
+    ax.set_yticks([t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000) if low <= t <= high])
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return _finish(fig, name, out_dir)
@@ -319,6 +322,38 @@ def bench_writes_throughput(results: Mapping, *, out_dir: str | Path | None = No
     return _finish(fig, name, out_dir)
 
 
+def bench_ingest(results: Mapping, *, out_dir: str | Path | None = None, name: str = "bench_ingest") -> Figure:
+    """Left: memories per second (log scale) of `_bulk` with precomputed vectors per corpus, of `bulk_load` with
+    both models, and the ceiling the models alone allow (one memory costs a text of each: 1 / sum of 1/rate).
+    Right: each model's texts per second inside that load against alone, batched."""
+    ingest, alone = results["ingest"], {n: e["passages_per_s"] for n, e in results["embedding"].items()}
+    loaded = ingest["with_embedding"]
+    ceiling = 1 / sum(1 / rate for rate in alone.values())
+    bars = {**{f"_bulk\n{int(s):,}": rate for s, rate in ingest["without_embedding"].items()},
+            "bulk_load,\nboth models": loaded["per_s"], "ceiling of\nthe models": ceiling}
+    fig = plt.figure(figsize=(10.0, 3.8))
+    plt.close(fig)
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    colors = ["tab:blue"] * len(ingest["without_embedding"]) + ["tab:orange", "tab:grey"]
+    drawn = left.bar(list(bars), list(bars.values()), color=colors)
+    left.bar_label(drawn, fmt="%.0f", fontsize=7)
+    left.set(yscale="log", ylim=(1, max(bars.values()) * 3), ylabel="memories per second (log scale)",
+             xlabel="what is loaded (_bulk: vectors precomputed, per corpus)", title="Memories per second")
+    left.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
+    left.tick_params(axis="x", labelsize=7)
+    models = list(loaded["stages"])
+    x = np.arange(len(models))
+    pairs = {"inside bulk_load": [loaded["stages"][m]["texts_per_s"] for m in models],
+             "alone, batched, no cache": [alone[m] for m in models]}
+    for offset, (label, values) in zip((-0.2, 0.2), pairs.items(), strict=True):
+        drawn = right.bar(x + offset, values, width=0.4, label=label)
+        right.bar_label(drawn, fmt="%.0f", fontsize=7)
+    right.set_xticks(x, [f"{m}\n({loaded['stages'][m]['share']:.0%} of the load)" for m in models], fontsize=7)
+    right.set(xlabel="embedding model", ylabel="texts per second", title="Each model inside the load and alone")
+    right.legend(fontsize=7)
+    return _finish(fig, name, out_dir)
+
+
 # --- evaluation --------------------------------------------------------------------------------
 
 
@@ -356,11 +391,11 @@ def interval_bars(values: Mapping[str, Mapping[str, tuple[float, Sequence[float]
 
 def grouped_bars(values: Mapping[str, Mapping[str, float]], *, reference: Mapping[str, float] | None = None,
                  reference_label: str = "reference", errors: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
-                 title: str = "", ylabel: str = "", out_dir: str | Path | None = None,
-                 name: str = "grouped_bars") -> Figure:
+                 errors_label: str = "95% bootstrap interval", title: str = "", xlabel: str = "", ylabel: str = "",
+                 out_dir: str | Path | None = None, name: str = "grouped_bars") -> Figure:
     """One group of bars per key of `values` ({group: {series: value}}), a black tick per group for `reference`.
 
-    `errors` ({group: {series: (low, high)}}) draws each bar's interval, e.g. a bootstrap CI.
+    `errors` ({group: {series: (low, high)}}) draws each bar's interval, named `errors_label` in the legend.
     Used for recall per memory type or category and mode (`atlas.research.evaluate.metric_by_group`).
     """
     groups = list(values)
@@ -377,13 +412,15 @@ def grouped_bars(values: Mapping[str, Mapping[str, float]], *, reference: Mappin
             yerr = np.array([[h - b[0] if b else 0 for h, b in zip(heights, bounds, strict=True)],
                              [b[1] - h if b else 0 for h, b in zip(heights, bounds, strict=True)]])
         ax.bar(offsets, heights, width, label=label, yerr=yerr, capsize=2 if yerr is not None else 0)
+    if errors is not None:
+        ax.errorbar([], [], yerr=[], fmt="none", ecolor="black", capsize=2, label=errors_label)
     if reference:
         marked = [(i, reference[g]) for i, g in enumerate(groups) if g in reference]
         ax.hlines([v for _, v in marked], [i - 0.45 for i, _ in marked], [i + 0.45 for i, _ in marked],
                   colors="black", linewidth=2, label=reference_label)
     ax.set_xticks(x, groups, fontsize=9)
-    ax.set(ylabel=ylabel, ylim=(0, 1.05), title=title)
+    ax.set(xlabel=xlabel, ylabel=ylabel, ylim=(0, 1.05), title=title)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, ncols=min(len(series) + 1, 5), loc="upper center", bbox_to_anchor=(0.5, -0.1),
+    ax.legend(fontsize=8, ncols=min(len(series) + 2, 5), loc="upper center", bbox_to_anchor=(0.5, -0.1),
               frameon=False)
     return _finish(fig, name, out_dir)

@@ -142,6 +142,55 @@ def run_all(out_dir: str | Path, *, outputs_dir: str | Path, notebooks: Sequence
     return results
 
 
+# --- run times -------------------------------------------------------------------------------
+
+#: Each notebook's measured cold and warm wall time (`atlas notebooks times`), which its opening states.
+TIMES_FILE = "times.json"
+
+
+def measure_times(notebooks: Sequence[Path], work_dir: str | Path, *, echo: Callable[[str], None] = print) -> dict:
+    """Run each notebook twice: cold, with an empty embedding cache of its own (as on the first run after
+    `make setup`), then warm, with what that run cached. Both runs write into `work_dir` (a fresh outputs folder,
+    so that no saved result, such as notebook 10's benchmark, stands in for the work). A failure raises."""
+    work_dir = Path(work_dir).resolve()
+    measured: dict[str, dict] = {}
+    saved = os.environ.get("ATLAS_EMBEDDING_CACHE")
+    try:
+        for path in notebooks:
+            os.environ["ATLAS_EMBEDDING_CACHE"] = str(work_dir / "cache" / path.stem)
+            load = os.getloadavg()[0]
+            runs = {}
+            for state in ("cold", "warm"):
+                result = run_notebook(path, work_dir / state, outputs_dir=work_dir / "outputs")
+                if not result.ok:
+                    raise RuntimeError(f"{path.name} failed ({state}): {result.error}")
+                runs[f"{state}_s"] = round(result.seconds, 1)
+            measured[path.stem] = {**runs, "loadavg": round(load, 1)}
+            echo(f"{path.stem}: cold {duration_words(runs['cold_s'])}, warm {duration_words(runs['warm_s'])} "
+                 f"(load average {load:.1f})")
+    finally:
+        if saved is None:
+            os.environ.pop("ATLAS_EMBEDDING_CACHE", None)
+        else:
+            os.environ["ATLAS_EMBEDDING_CACHE"] = saved
+    return measured
+
+
+def duration_words(seconds: float) -> str:
+    """A run time as an opening says it: "15 s" (to 5 s), "2 min" or "2.5 min" (to half a minute)."""
+    if seconds < 57.5:
+        return f"{max(5, 5 * round(seconds / 5))} s"
+    minutes = round(seconds / 30) / 2
+    return f"{minutes:g} min"
+
+
+def how_long(times: dict) -> str:
+    """The sentence a notebook's opening starts its **How long:** with, from its entry in `TIMES_FILE`."""
+    return (f"**How long:** {duration_words(times['warm_s'])} with warm caches, {duration_words(times['cold_s'])} "
+            f"cold (an empty embedding cache, as on the first run after `make setup`), measured by `atlas notebooks "
+            f"times` on a 2-core machine at a load average of {times['loadavg']:g}.")
+
+
 # --- summary --------------------------------------------------------------------------------
 
 

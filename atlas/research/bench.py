@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from atlas.core import constants as C
 from atlas.core.clock import es_date
-from atlas.core.config import Settings, load_settings
+from atlas.core.config import REPO_ROOT, Settings, load_settings
 from atlas.core.connection import connect, server_version
 from atlas.core.documents import build_document, routing_of
 from atlas.core.errors import ValidationError
@@ -56,6 +56,9 @@ from atlas.stack import open_store
 #: The fixed "now" of the synthetic corpus and of every recall.
 BENCH_NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 PARTS = ("embed", "es", "fusion", "second")
+#: Within those parts (`RecallResult.timings`): each path's search on the server (inside "es"), the check of
+#: in-flight supersessions (inside "fusion") and the `mget` of stored vectors (inside "second").
+DETAIL = ("took_bm25", "took_dense", "settle", "mget")
 REFRESH_POLICIES: tuple[C.Refresh, ...] = get_args(C.Refresh)
 
 #: Published numbers of peer systems, quoted as issue 8 gives them; not measured here.
@@ -95,6 +98,12 @@ QUICK = Plan("quick", (1_000, 10_000), recall_reps=30, warmup=3, write_reps=20, 
              throughput_requests=48, ingest_docs=128, embed_texts=128)
 FULL = Plan("full", (1_000, 10_000, 100_000), recall_reps=150, warmup=5, write_reps=60, clients=(1, 4, 16),
             throughput_requests=160, ingest_docs=512, embed_texts=512)
+#: The growth curve to a million memories (issue 19): recall as in `FULL`, the rest as in `QUICK`.
+MILLION = replace(FULL, name="million", scales=(10_000, 100_000, 1_000_000), write_reps=20, throughput_requests=48,
+                  ingest_docs=128, embed_texts=128)
+PLANS = {plan.name: plan for plan in (SMOKE, QUICK, FULL, MILLION)}
+#: Where a run worth keeping is committed (`atlas bench --record`): `results/bench/bench-<plan>.json`.
+RECORDED_DIR = REPO_ROOT / "results"
 MAX_SCALE = 1_000_000
 
 
@@ -265,19 +274,20 @@ def measure_recall(store: Store, corpus: Corpus, queries: Sequence[str], mode: C
     as in `recall`."""
     weights = user_weights(corpus.users)
     totals: list[float] = []
-    parts: dict[str, list[float]] = {p: [] for p in PARTS}
+    parts: dict[str, list[float]] = {p: [] for p in (*PARTS, *DETAIL)}
     for i in range(warmup + reps):
         user, query = rng.choices(corpus.users, weights)[0], rng.choice(queries)
         started = time.perf_counter()
         result = recall(store, user, query, k=k, mode=mode, now=now, touch=False, routed=routed)
         if i >= warmup:
             totals.append(time.perf_counter() - started)
-            for part in PARTS:
-                parts[part].append(result.timings[part])
+            for part in parts:
+                parts[part].append(result.timings.get(part, 0.0))
     stats = latency_stats(totals)
-    parts_ms = {p: float(np.mean(v)) * 1000 for p, v in parts.items()}
+    mean_ms = {p: float(np.mean(v)) * 1000 for p, v in parts.items()}
+    parts_ms = {p: mean_ms[p] for p in PARTS}
     parts_ms["other"] = max(0.0, stats["mean_ms"] - sum(parts_ms.values()))
-    return {**stats, "parts_ms": parts_ms}
+    return {**stats, "parts_ms": parts_ms, "detail_ms": {p: mean_ms[p] for p in DETAIL}}
 
 
 def measure_writes(store: Store, users: Sequence[str], reps: int, rng: random.Random, progress: bool = True) -> dict:
@@ -378,10 +388,10 @@ class _Clocked:
 def measure_ingest_with_embedding(store: Store, rng: random.Random, count: int, now: datetime) -> dict:
     """`bulk_load` of fresh texts, embedded by both models: memories per second overall, and per model the
     texts per second and the share of the load's wall time it took (the rest is indexing that embedding
-    did not hide, and Python)."""
-    run_tag = uuid.uuid4().hex[:6]
-    docs = [build_document(f"u{i % 10:04d}", f"{_fill(rng.choice(HEADS['episodic']), rng)} "
-                           f"{rng.choice(DETAILS)} ({run_tag}-{i})", "episodic", now) for i in range(count)]
+    did not hide, and Python). The texts are those `measure_embedding` times alone: head and detail clauses, no
+    run tag (the store's models have no cache, and a tag's hex tokens slowed both models by a third)."""
+    docs = [build_document(f"u{i % 10:04d}", f"{_fill(rng.choice(HEADS['episodic']), rng)} {rng.choice(DETAILS)}",
+                           "episodic", now) for i in range(count)]
     first = _Clocked(store.embedder)
     second = (_Clocked(store.second_stage.embedder) if isinstance(store.second_stage, EmbeddingSecondStage)
               else None)
@@ -394,8 +404,8 @@ def measure_ingest_with_embedding(store: Store, rng: random.Random, count: int, 
 
 
 def index_size(es: Elasticsearch, prefix: str) -> dict:
-    """Bytes on disk of the prefix's primary segments (after a flush; not force-merged), and of every copy
-    (primaries and replicas).
+    """Bytes on disk of the prefix's primary segments (after a flush; not force-merged), of every copy
+    (primaries and replicas), and of the vector files (`vector_files`, `knn_memory`).
 
     Summed from `_cat/segments`, because `_stats`' store size is cached for
     `index.store.stats_refresh_interval` (10 s) and read an index loaded faster than that as empty.
@@ -406,8 +416,27 @@ def index_size(es: Elasticsearch, prefix: str) -> dict:
     # With format=json the body is a list of rows, which the client's annotation (object or text) leaves out.
     segments = cast(list[dict[str, Any]], es.cat.segments(index=indices, format="json", bytes="b").body)
     size = sum(int(segment["size"]) for segment in segments if segment["prirep"] == "p")
+    files = vector_files(es, prefix)
     return {"docs": docs, "bytes": size, "bytes_per_1k": size / max(docs, 1) * 1000,
-            "bytes_all_copies": sum(int(segment["size"]) for segment in segments)}
+            "bytes_all_copies": sum(int(segment["size"]) for segment in segments), "vector_files": files,
+            "knn_bytes": knn_memory(files)}
+
+
+def vector_files(es: Elasticsearch, prefix: str) -> dict[str, int]:
+    """Bytes of each vector file kind over the prefix's primaries (`_stats/dense_vector`, `off_heap`: the HNSW
+    graph `vex`, raw floats `vec`, int8 `veq`, bbq `veb`), and how many vectors (nested ones included)."""
+    stats = es.indices.stats(index=",".join(all_indices(prefix)), metric="dense_vector")["_all"]["primaries"]
+    vectors = stats["dense_vector"]
+    return {"vectors": vectors["value_count"]} | {
+        key.removeprefix("total_").removesuffix("_size_bytes"): value
+        for key, value in vectors.get("off_heap", {}).items() if key.startswith("total_") and key != "total_size_bytes"}
+
+
+def knn_memory(files: dict[str, int]) -> int:
+    """Bytes a kNN search wants in the page cache: the graph and the vectors it scores, the quantized ones where
+    the field has them (`veb` for `bbq_hnsw`, `veq` for `int8_hnsw`), else the floats (`vec`, plain `hnsw`).
+    `bbq_hnsw`'s rescoring also reads the floats of a few candidates per search, from disk or the page cache."""
+    return files.get("vex", 0) + (files.get("veb") or files.get("veq") or files.get("vec", 0))
 
 
 def _proc_status(pid: int | str) -> dict[str, int]:
@@ -562,19 +591,26 @@ def results_path(out_dir: str | Path, plan_name: str) -> Path:
 
 def save_results(results: dict, out_dir: str | Path) -> Path:
     """The JSON under `<out_dir>/bench/`, and the figures under `<out_dir>/figures/`."""
-    from atlas.notebook.plots import bench_latency, bench_time_split, bench_writes_throughput
+    from atlas.notebook.plots import bench_ingest, bench_latency, bench_time_split, bench_writes_throughput
 
-    path = results_path(out_dir, results["meta"]["plan"]["name"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1))
-    for figure in (bench_latency, bench_time_split, bench_writes_throughput):
+    path = write_json(results, out_dir)
+    for figure in (bench_latency, bench_time_split, bench_writes_throughput, bench_ingest):
         figure(results, out_dir=out_dir)
     return path
 
 
-def load_results(out_dir: str | Path) -> dict | None:
-    """The most complete saved run (full, quick, smoke), or None when there is none."""
-    for name in (FULL.name, QUICK.name, SMOKE.name):
+def write_json(results: dict, out_dir: str | Path) -> Path:
+    """`<out_dir>/bench/bench-<plan>.json`; with `RECORDED_DIR`, the run a fresh clone's notebook 10 shows."""
+    path = results_path(out_dir, results["meta"]["plan"]["name"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    return path
+
+
+def load_results(out_dir: str | Path, *, plans: Sequence[str] = ("full", "quick", "smoke")) -> dict | None:
+    """The first of `plans` saved under `out_dir`, or None when there is none (the million run is asked for by
+    name: notebook 10 shows it beside its own run)."""
+    for name in plans:
         if (path := results_path(out_dir, name)).is_file():
             return json.loads(path.read_text())
     return None
@@ -595,6 +631,13 @@ def tables(results: dict) -> list[Table]:
            table(recall_rows, title="Recall latency (ms; parts are means: query embedding, Elasticsearch, fusion, "
                                     "second stage, other)",
                  numeric=("p50", "p95", "p99", *PARTS, "other"))]
+    detail_rows = [{"memories": f"{int(scale):,}", "mode": mode,
+                    **{part: _ms(ms) for part, ms in r["detail_ms"].items()}}
+                   for scale, modes in results["recall"].items() for mode, r in modes.items() if "detail_ms" in r]
+    if detail_rows:
+        out.append(table(detail_rows, title="Inside the parts (ms, means): each path's search on the server (took), "
+                                            "the supersession check (in fusion), the mget of stored vectors (in "
+                                            "second stage)", numeric=DETAIL))
     if "write" in results:
         out.append(table([{"refresh": policy, "p50": _ms(w["p50_ms"]), "p95": _ms(w["p95_ms"]), "n": w["n"]}
                           for policy, w in results["write"].items()],
@@ -614,8 +657,8 @@ def tables(results: dict) -> list[Table]:
                          title=f"Throughput: {t['mode']} at {int(t['scale']):,} memories (ms)",
                          numeric=("clients", "recalls/s", "p50", "p95")))
     ingest = results["ingest"]
-    rows = [{"ingest": f"bulk, vectors precomputed, {int(s):,} memories", "memories/s": f"{rate:,.0f}"}
-            for s, rate in ingest["without_embedding"].items()]
+    rows = [{"ingest": f"bulk, vectors precomputed, {int(s):,} memories", "memories/s": f"{rate:,.0f}",
+             "minutes": f"{int(s) / rate / 60:.1f}"} for s, rate in ingest["without_embedding"].items()]
     if "with_embedding" in ingest:
         loaded = ingest["with_embedding"]
         rows.append({"ingest": f"bulk_load with embedding (both models), {loaded['docs']} memories",
@@ -625,16 +668,18 @@ def tables(results: dict) -> list[Table]:
     rows += [{"ingest": f"read keys of {k['users']} users (tenancy, once per user)", "memories/s": "",
               "ms per user": f"{k['seconds'] / k['users'] * 1000:.0f}"}
              for k in results.get("user_keys", {}).values() if k["users"]]
-    out.append(table(rows, title="Bulk ingest", numeric=("memories/s", "texts/s", "ms per user")))
+    out.append(table(rows, title="Bulk ingest", numeric=("memories/s", "minutes", "texts/s", "ms per user")))
     if "embedding" in results:
         out.append(table([{"model": name, "passages/s": f"{e['passages_per_s']:.1f}",
                            "one query p50 (ms)": _ms(e["query"]["p50_ms"])}
                           for name, e in results["embedding"].items()],
                          title="Embedding (CPU, no cache)", numeric=("passages/s", "one query p50 (ms)")))
     out.append(table([{"memories": f"{int(s):,}", "docs": z["docs"], "MB": f"{z['bytes'] / 2**20:.1f}",
-                       "MB per 1k memories": f"{z['bytes_per_1k'] / 2**20:.2f}"}
+                       "MB per 1k memories": f"{z['bytes_per_1k'] / 2**20:.2f}",
+                       "kNN memory B/memory": f"{z['knn_bytes'] / z['docs']:.0f}" if "knn_bytes" in z else ""}
                       for s, z in results["index_size"].items()],
-                     title="Index size on disk (primaries, after flush)", numeric=("docs", "MB", "MB per 1k memories")))
+                     title="Index size on disk (primaries, after flush) and what kNN wants in the page cache",
+                     numeric=("docs", "MB", "MB per 1k memories", "kNN memory B/memory")))
     out.append(table([{"after": "start" if stage == "start" else f"{int(stage):,} memories",
                        "python RSS (MB)": f"{m['python_rss_mb']:.0f}",
                        **{f"{node} heap used/max (MB)": f"{e['heap_used_mb']:.0f}/{e['heap_max_mb']:.0f}"

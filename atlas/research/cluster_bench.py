@@ -112,18 +112,19 @@ def nodes_results_path(out_dir: str | Path, plan_name: str) -> Path:
 
 
 def per_memory(result: dict) -> dict[str, float]:
-    """Per-memory figures of one cluster: disk of one copy and of all copies, heap used after the load,
-    and the vector memory kNN search wants in the page cache (Elasticsearch's rule for float HNSW:
-    4 x (dims + 12) bytes per vector)."""
+    """Per-memory figures of one cluster: disk of one copy and of all copies, and heap used after the load."""
     size, docs = result["index_size"], result["index_size"]["docs"]
     heap = sum(node["heap_used_mb"] for node in result["memory"]["es"].values()) * 2**20
     return {"disk_bytes": size["bytes"] / docs, "disk_bytes_all_copies": size["bytes_all_copies"] / docs,
             "heap_bytes": heap / docs}
 
 
-def vector_bytes(dims: int) -> int:
-    """Page-cache bytes one float HNSW vector of `dims` dimensions needs (Elasticsearch's sizing rule)."""
-    return 4 * (dims + 12)
+def vector_bytes(dims: int, index: C.VectorIndex = C.VECTOR_INDEX) -> float:
+    """Page-cache bytes one vector of `dims` dimensions needs for kNN search, by Elasticsearch's sizing rules:
+    the vectors a search scores (floats 4 x dims, int8 dims + 4, bbq dims / 8 + 14) and the HNSW graph
+    (4 x m). `bbq_hnsw` also keeps the floats on disk, read for the few candidates it re-scores."""
+    scored = {"hnsw": 4 * dims, "int8_hnsw": dims + 4, "bbq_hnsw": dims / 8 + 14}[index]
+    return scored + 4 * C.HNSW_M
 
 
 def ratios(results: dict) -> dict[str, float]:

@@ -415,6 +415,7 @@ def report_figure(report: Mapping, out_dir: Path | None = None) -> Figure:
                         title="Persona set: R@10 per memory type" if persona else
                         f"LoCoMo, {report['conversations']} of 10 conversations: R@10 per category "
                         "(the paper's scoring)",
+                        xlabel="memory type" if persona else "question category",
                         ylabel="R@10 (fraction of the answer in the top 10)", out_dir=out_dir,
                         name=f"eval_{report['dataset']}_r10")
 
