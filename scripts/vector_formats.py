@@ -23,7 +23,7 @@ from atlas.core import constants as C
 from atlas.core.config import load_settings
 from atlas.core.connection import connect
 from atlas.core.schemas import drop_indices
-from atlas.research.bench import index_size, knn_memory
+from atlas.research.bench import index_size
 from atlas.research.datasets import PERSONA_NOW
 from atlas.research.evaluate import evaluate_locomo, evaluate_persona
 from atlas.research.locomo import load_conversations
@@ -45,13 +45,11 @@ def measure(name: str, run: str, conversations: Sequence | None) -> dict:
         store = open_store(prefix, settings=settings)
         report = evaluate_locomo(store, conversations, progress=False)
     size = index_size(store.es, prefix)
-    files = size["vector_files"]
     store.drop()
     memories = size["docs"]
-    searched = knn_memory(files)
     return {"format": name, "run": run, "vector_index": vector_index, "source_vectors": source_vectors,
             "memories": memories, "disk_bytes_per_memory": size["bytes"] / memories,
-            "vector_files": files, "search_memory_bytes_per_memory": searched / memories,
+            "vector_files": size["vector_files"], "search_memory_bytes_per_memory": size["knn_bytes"] / memories,
             "r@10": {mode: (m if run == "persona" else m["main"])["r@10"] for mode, m in report["by_mode"].items()},
             "p50_ms": {mode: m["latency_ms"]["latency"]["p50"] for mode, m in report["by_mode"].items()},
             "seconds": time.perf_counter() - started, "loadavg": os.getloadavg()}

@@ -322,15 +322,20 @@ def bench_writes_throughput(results: Mapping, *, out_dir: str | Path | None = No
     return _finish(fig, name, out_dir)
 
 
+def ingest_ceiling(results: Mapping) -> float:
+    """Memories per second the embedding models alone allow: a memory costs one text of each, so 1 / the sum of
+    1 / each model's rate measured alone (`results["embedding"]`)."""
+    return 1 / sum(1 / e["passages_per_s"] for e in results["embedding"].values())
+
+
 def bench_ingest(results: Mapping, *, out_dir: str | Path | None = None, name: str = "bench_ingest") -> Figure:
     """Left: memories per second (log scale) of `_bulk` with precomputed vectors per corpus, of `bulk_load` with
-    both models, and the ceiling the models alone allow (one memory costs a text of each: 1 / sum of 1/rate).
+    both models, and the ceiling the models alone allow (`ingest_ceiling`).
     Right: each model's texts per second inside that load against alone, batched."""
     ingest, alone = results["ingest"], {n: e["passages_per_s"] for n, e in results["embedding"].items()}
     loaded = ingest["with_embedding"]
-    ceiling = 1 / sum(1 / rate for rate in alone.values())
     bars = {**{f"_bulk\n{int(s):,}": rate for s, rate in ingest["without_embedding"].items()},
-            "bulk_load,\nboth models": loaded["per_s"], "ceiling of\nthe models": ceiling}
+            "bulk_load,\nboth models": loaded["per_s"], "ceiling of\nthe models": ingest_ceiling(results)}
     fig = plt.figure(figsize=(10.0, 3.8))
     plt.close(fig)
     left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
