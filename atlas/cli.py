@@ -343,12 +343,14 @@ def bench_cmd(quick: bool = typer.Option(False, "--quick", help="1k and 10k memo
 def bench_nodes_cmd(nodes: int = typer.Option(3, "--nodes", min=2, help="nodes of the local cluster to compare"),
                     smoke: bool = typer.Option(False, "--smoke", help="2k memories, a few repetitions"),
                     scale: int | None = typer.Option(None, help="memories in the corpus (default: the plan's, 100k)"),
+                    record: bool = typer.Option(False, "--record", help="also write the JSON to results/bench/ (the "
+                                                                        "committed run docs/scaling.md quotes)"),
                     progress: bool = typer.Option(True, help="progress bars on stderr")) -> None:
     """The local single node, then the local N-node cluster, on the same 100k memories (bench-nodes.json)."""
     from dataclasses import replace
 
-    from atlas.research.bench import check_scales
-    from atlas.research.cluster_bench import NODES, NODES_SMOKE, nodes_results_path, nodes_tables, run_nodes
+    from atlas.research.bench import RECORDED_DIR, check_scales, results_path, write_json
+    from atlas.research.cluster_bench import NODES, NODES_SMOKE, nodes_tables, run_nodes
 
     plan = NODES_SMOKE if smoke else NODES
     if scale is not None:
@@ -359,7 +361,9 @@ def bench_nodes_cmd(nodes: int = typer.Option(3, "--nodes", min=2, help="nodes o
         _fail(exc)
     for shown in nodes_tables(results):
         typer.echo(shown.to_markdown())
-    typer.echo(f"\nwrote {nodes_results_path(load_settings(es_nodes=nodes).outputs_dir, plan.name)}")
+    typer.echo(f"\nwrote {results_path(load_settings(es_nodes=nodes).outputs_dir, plan.name)}")
+    if record:
+        typer.echo(f"recorded {write_json(results, RECORDED_DIR)}")
 
 
 eval_app = typer.Typer(help="Retrieval evaluation, checked against results/expected.json (docs/evaluation.md).",

@@ -125,6 +125,22 @@ def test_nodes_comparison_ratios_and_sizing() -> None:
     assert len(nodes.rows) == 4 and len(shards.rows) == 3
 
 
+def test_the_recorded_nodes_run_is_what_scaling_quotes():
+    """Issue 20: the three-node tables and the sizing in docs/scaling.md are rendered from the committed run
+    (`atlas bench-nodes --record`), so each number there can be traced to it."""
+    from atlas.core.config import REPO_ROOT
+    from atlas.research.bench import RECORDED_DIR, load_results
+    from atlas.research.cluster_bench import NODES, render_scaling_markdown
+
+    recorded = load_results(RECORDED_DIR, plans=["nodes"])
+    assert recorded is not None and recorded["meta"]["plan"]["scale"] == NODES.scale
+    blocks = render_scaling_markdown(recorded, dims=768)
+    text = (REPO_ROOT / "docs" / "scaling.md").read_text()
+    for name, block in blocks.items():
+        start, end = text.index(f"<!-- {name}:start -->"), text.index(f"<!-- {name}:end -->")
+        assert block in text[start:end], f"docs/scaling.md's {name} block is not the recorded run's"
+
+
 def test_latency_figure_has_a_line_per_mode_and_percentile_on_log_axes(tmp_path):
     """Issue 21: every corpus size on a log axis, p50 and p95 of each mode and each peer named in the legend."""
     from atlas.notebook.plots import bench_latency

@@ -9,7 +9,6 @@ models and with each other's idle nodes: only the ratios (cluster / single node)
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Mapping
@@ -39,6 +38,7 @@ from atlas.research.bench import (
     questions,
     synthetic_corpus,
     vector_specs,
+    write_json,
 )
 from atlas.research.results import load_expected, lookup
 
@@ -101,14 +101,8 @@ def run_nodes(*, nodes: int = 3, plan: NodesPlan = NODES, baseline: Settings | N
     for name, settings in (("1 node", single), (f"{nodes} nodes", cluster)):
         results["clusters"][name] = measure_cluster(settings, plan, prefix=prefix, seed=seed, progress=progress)
     results["meta"]["duration_s"] = time.perf_counter() - started
-    path = nodes_results_path(out_dir if out_dir is not None else cluster.outputs_dir, plan.name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1))
+    write_json(results, out_dir if out_dir is not None else cluster.outputs_dir)
     return results
-
-
-def nodes_results_path(out_dir: str | Path, plan_name: str) -> Path:
-    return Path(out_dir) / "bench" / f"bench-{plan_name}.json"
 
 
 def per_memory(result: dict) -> dict[str, float]:
