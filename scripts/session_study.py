@@ -39,7 +39,8 @@ def main() -> None:
     write_report({"runs": runs, "load_average": load}, REPO_ROOT / "outputs" / "eval", "session_study")
     (off, on), main = runs["locomo"].values(), list(CATEGORY_NAMES.values())[:4]
     held_out = [[row for row in rows if row["user_id"] != CHOSEN_ON] for rows in (off, on)]
-    tables = [paired_table(off, on, groups=[*main, "adversarial"], title="LoCoMo dev, R@10 (all = main set)"),
+    tables = [paired_table(off, on, groups=[*main, "adversarial"],
+                           title="LoCoMo dev, R@10 (all = the main set and adversarial)"),
               paired_table(*held_out, groups=main, title=f"LoCoMo dev without {CHOSEN_ON}, R@10"),
               paired_table(off, on, groups=main, metric="r@5", title="LoCoMo dev, R@5"),
               paired_table(off, on, groups=main, metric="session_r@10", title="LoCoMo dev, session R@10"),

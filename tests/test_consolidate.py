@@ -8,15 +8,21 @@ from dataclasses import replace
 import pytest
 
 from atlas.consolidation import consolidate as cons
-from atlas.consolidation.consolidate import (consolidate, consolidate_all, count_new_episodes, maybe_consolidate,
-                               read_plan, read_watermark)
-from atlas.research.consolidation_eval import evaluate, load_consolidation_set, read_expected_metrics
+from atlas.consolidation.consolidate import (
+    consolidate,
+    consolidate_all,
+    count_new_episodes,
+    maybe_consolidate,
+    read_plan,
+    read_watermark,
+)
+from atlas.consolidation.proposers import LLMProposer, RuleProposer, fact_type_of, is_statement, third_person
 from atlas.core.constants import CONSOLIDATION_EMBEDDER, CONSOLIDATION_MIN_CONFIDENCE
-from atlas.models.embed import load_embedder
-from atlas.core.errors import ConflictError, LLMError
 from atlas.core.documents import build_document
+from atlas.core.errors import ConflictError, LLMError
 from atlas.core.memory import bulk_load, users_with_memory, write_episode, write_memory
-from atlas.consolidation.proposers import RuleProposer, LLMProposer, fact_type_of, is_statement, third_person
+from atlas.models.embed import load_embedder
+from atlas.research.consolidation_eval import evaluate, load_consolidation_set, read_expected_metrics
 from atlas.stack import open_store
 
 from .conftest import NOW, make_prefix
@@ -106,6 +112,8 @@ def test_apply_then_rerun_proposes_nothing_twice(cstore):
     new = cstore.es.get(index=f"{cstore.prefix}-semantic", id=springer.id)["_source"]
     assert old["superseded_by"] == springer.id and new["contradiction"] == "harsh" and new["confidence"] < 0.8
     assert new["supporting_episode_ids"] == [ids["cs-sarah-ep-011"]]
+    # the run ends by computing the user's hubness again, the new fact's included (atlas.core.hubness)
+    assert report.hubness > 0 and isinstance(new["hubness"], float)
     playbook = cstore.es.get(index=f"{cstore.prefix}-procedural", id=ids["cs-sarah-pb-002"])["_source"]
     assert playbook["failure_count"] == 1 and "Background App Refresh" in playbook["refined_steps"][0]
     assert read_watermark(cstore, "sarah").timestamp.startswith("2026-11-20T18:09")

@@ -47,6 +47,7 @@ from atlas.core import constants as C
 from atlas.core.clock import es_date
 from atlas.core.documents import VECTOR_FIELDS, build_document, prove_ownership, update_owned
 from atlas.core.errors import AtlasError, ConflictError, NotFound, ValidationError
+from atlas.core.hubness import refresh_hubness
 from atlas.core.memory import bulk_load, record_outcome, users_with_memory
 from atlas.core.recall import clip_query, recall
 from atlas.core.schemas import DATE, KEYWORD, index_name, state_name
@@ -499,6 +500,8 @@ class ConsolidationReport:
     watermark: Watermark = field(default_factory=Watermark)
     #: Why the run failed ("OverflowError: date value out of range"), when `status` is "failed".
     error: str | None = None
+    #: Memories whose `hubness` the run wrote again (`atlas.core.hubness.refresh_hubness`, after applying).
+    hubness: int = 0
 
     @property
     def accepted(self) -> list[Decision]:
@@ -517,7 +520,8 @@ def _decisions_of(plan: dict) -> list[Decision]:
 def consolidate(store: Store, user_id: str, *, proposer: Proposer | None = None, limit: int = C.CONSOLIDATION_BATCH,
                 dry_run: bool = False, user_name: str | None = None,
                 **guard_options: Unpack[GuardOptions]) -> ConsolidationReport:
-    """One run for one user: finish a pending plan, read the batch, propose, guard, plan, apply."""
+    """One run for one user: finish a pending plan, read the batch, propose, guard, plan, apply, then refresh the
+    user's hubness."""
     check_user(user_id)
     proposer = proposer or RuleProposer()
     pending = read_plan(store, user_id)
@@ -543,6 +547,8 @@ def consolidate(store: Store, user_id: str, *, proposer: Proposer | None = None,
     plan = apply_plan(store, user_id, new_plan(store, user_id, proposer.name, actions, watermark, report.watermark))
     for decision, done in zip(report.accepted, _decisions_of(plan), strict=True):
         decision.id = done.id
+    # The new episodes (and what the plan wrote) change which of the user's memories are hubs.
+    report.hubness = refresh_hubness(store, user_id)
     return report
 
 

@@ -103,6 +103,11 @@ KNN_NUM_CANDIDATES = 200
 RERANK_POOL = 40
 #: Weight of the fused-rank prior (z-scored RRF) against the second model's z-scored similarity.
 RERANK_RRF_WEIGHT = 1.0
+#: Hubness penalty of the embedding second stage: a candidate's cosine minus HUB_PENALTY x its `hubness`, the mean
+#: cosine of its HUB_NEIGHBOURS most similar memories of the same owner (`atlas.core.hubness`). Chosen on LoCoMo dev
+#: and the persona set (docs/evaluation.md, change 15); 0 turns it off.
+HUB_PENALTY = 1.0
+HUB_NEIGHBOURS = 30
 #: Weights in the BM25 path, `text` (stemmed) having 1: `text.exact` (whole tokens such as "E-0x41";
 #: at full weight its unstemmed stop words outvote the content words) and `context` (the messages an
 #: episode follows).

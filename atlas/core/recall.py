@@ -5,7 +5,8 @@ top `window`, and a document's fused score is the sum over paths of 1 / (rank_co
 The BM25 path multiplies its scores by recency, use and priors (`atlas.core.scoring`); the kNN
 path ranks by similarity alone, times only the boost of a period the question names (see
 `build_knn_body`).
-The second stage (`atlas.models.rerank`) re-scores the top `pool` of the fused list.
+The second stage (`atlas.models.rerank`) re-scores the top `pool` of the fused list; the embedding stage holds
+each candidate's hubness against it (`atlas.core.hubness`).
 Every request body is built by a pure function, so a notebook can print it and paste
 it into Kibana Dev Tools.
 """
@@ -26,6 +27,7 @@ from atlas.core.clock import Period, mentioned_period
 from atlas.core.documents import VECTOR_FIELDS, Owned
 from atlas.core.errors import AtlasError, ValidationError
 from atlas.core.fusion import combine, interleave, rrf_fuse
+from atlas.core.hubness import held
 from atlas.core.memory import record_use
 from atlas.core.schemas import archive_name, build_owner_filter, searchable
 from atlas.core.scoring import ScoringParams, build_scored_query, period_functions
@@ -53,6 +55,8 @@ class Hit:
     superseded_by: str | None
     superseded_at: str | None
     source: dict = field(repr=False)
+    #: The memory's `hubness` the embedding second stage held against it (`atlas.core.hubness`), if it had one.
+    hubness: float | None = None
     seq_no: int = field(default=-1, repr=False)
     primary_term: int = field(default=-1, repr=False)
 
@@ -245,25 +249,31 @@ def settle_supersessions(store: Store, user_id: str, hits: list[Hit]) -> list[Hi
 # --- the second stage -------------------------------------------------------------------------
 
 
-def _second_stage(store: Store, user_id: str, query: str, pool: list[Hit], rrf_weight: float,
+def _second_stage(store: Store, user_id: str, query: str, pool: list[Hit], rrf_weight: float, hub_penalty: float,
                   timings: dict[str, float]) -> None:
     """Re-score `pool` in place (`combine`); `Hit.second_stage_score` keeps the stage's own score; the `mget` of
-    stored vectors is timed as "mget"."""
+    stored vectors is timed as "mget". The embedding stage's cosines are lowered by `hub_penalty` x each
+    candidate's `hubness` (`atlas.core.hubness`; a candidate without one counts as the pool's mean)."""
     stage = store.second_stage
     assert stage is not None
     vectors = None
     if stage.embedder is not None:
         started = time.perf_counter()
         docs = store.read_client(user_id).mget(docs=[{"_index": h.index, "_id": h.id, "routing": user_id}
-                                                     for h in pool], source_includes=["rerank_embedding"])["docs"]
+                                                     for h in pool],
+                                               source_includes=["rerank_embedding", "hubness"])["docs"]
         timings["mget"] = time.perf_counter() - started
         try:
             vectors = np.asarray([d["_source"]["rerank_embedding"] for d in docs], dtype=np.float32)
         except KeyError:
             raise AtlasError("a candidate has no stored rerank_embedding "
                              "(written before the second stage was set up)") from None
+        for hit, doc in zip(pool, docs, strict=True):
+            hit.hubness = doc["_source"].get("hubness")
     scores = stage.scores(query, [h.text for h in pool], vectors)
-    combined = combine(np.asarray([h.rrf for h in pool]), scores, rrf_weight=rrf_weight)
+    # Hubness is a cosine, read (above) only for the embedding stage: another stage's scores are left as they are.
+    combined = combine(np.asarray([h.rrf for h in pool]), held(scores, [h.hubness for h in pool], penalty=hub_penalty),
+                       rrf_weight=rrf_weight)
     for hit, second, final in zip(pool, scores, combined, strict=True):
         hit.second_stage_score, hit.score = float(second), float(final)
     pool.sort(key=lambda h: -h.score)
@@ -305,7 +315,8 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
            include_superseded: bool = False, mode: C.RecallMode = C.DEFAULT_RECALL_MODE,
            now: datetime | None = None, params: ScoringParams | None = None, window: int = C.RRF_WINDOW,
            rank_constant: int = C.RRF_RANK_CONSTANT, pool: int = C.RERANK_POOL,
-           rrf_weight: float = C.RERANK_RRF_WEIGHT, touch: bool | None = None, routed: bool = True,
+           rrf_weight: float = C.RERANK_RRF_WEIGHT, hub_penalty: float = C.HUB_PENALTY, touch: bool | None = None,
+           routed: bool = True,
            sessions: int = C.SESSION_PASS, session_turns: int = C.SESSION_PASS_TURNS,
            session_keep: int = C.SESSION_PASS_KEEP) -> RecallResult:
     """The user's memories (and catalog items) most relevant to `query`, best first.
@@ -314,7 +325,8 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
     `use_count` of the current semantic facts returned (evaluations turn it off; `store.touch` when not
     given, so a server's recalls follow its store); `routed` reads only the
     user's shard of each index (`build_recall_requests`). `sessions` (0: off) runs the session pass over the
-    sessions of the first `k` hits (`_session_pass`; a second `_msearch`). A query longer
+    sessions of the first `k` hits (`_session_pass`; a second `_msearch`). `hub_penalty` (0: off) weighs the
+    candidates' hubness in the embedding second stage (`atlas.core.hubness`). A query longer
     than `MAX_QUERY_CHARS` is refused: search a stored text with `clip_query`.
     """
     check_user(user_id)
@@ -329,6 +341,8 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
     check_flag(include_superseded, "include_superseded")
     touch = store.touch if touch is None else check_flag(touch, "touch")
     check_flag(routed, "routed")
+    if isinstance(hub_penalty, bool) or not isinstance(hub_penalty, int | float) or not 0 <= hub_penalty <= 10:
+        raise ValidationError(f"hub_penalty must be a number from 0 to 10, not {hub_penalty!r}")
     now = check_when(now, "now") if now is not None else store.now()
     params = params or store.params
     timings = {"embed": 0.0, "es": 0.0, "fusion": 0.0, "second": 0.0, "sessions": 0.0}
@@ -359,7 +373,7 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
             started = time.perf_counter()
             head = hits[:pool]
             try:
-                _second_stage(store, user_id, query, head, rrf_weight, timings)
+                _second_stage(store, user_id, query, head, rrf_weight, hub_penalty, timings)
                 stage_name = store.second_stage.name
                 hits = head + hits[pool:]
             except AtlasError as exc:

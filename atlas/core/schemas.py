@@ -35,7 +35,7 @@ from atlas.core.errors import SchemaMismatch, ValidationError
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
 
 #: Bumped when a mapping changes; stored in `_meta` so a mismatch names both versions.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 KEYWORD = {"type": "keyword"}
 DATE = {"type": "date"}
@@ -118,6 +118,9 @@ def common_mappings(dims: int, rerank_dims: int | None, *, vector_index: VectorI
         "session_id": KEYWORD,
         "fact_type": KEYWORD,
         "archived_from": KEYWORD,
+        # Mean cosine to the owner's most similar memories, held against a candidate by the second stage
+        # (`atlas.core.hubness`); written for all of an owner's memories at once, absent until then.
+        "hubness": {"type": "float"},
     }
     if rerank_dims:
         # Read back by the second stage, never searched: no HNSW graph to build.
@@ -284,7 +287,7 @@ def ensure_indices(es: Elasticsearch, prefix: str, dims: int, rerank_dims: int |
             continue
         if upgrade and all(p.endswith(": missing") for p in problems):
             if problems:
-                es.indices.put_mapping(index=index, properties=expected["properties"])
+                es.indices.put_mapping(index=index, properties=expected["properties"], meta=expected["_meta"])
             if similarity:
                 set_similarity(es, index)
             report[index] = "upgraded"

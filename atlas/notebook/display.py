@@ -141,21 +141,23 @@ def invert(names: Mapping[str, str]) -> dict[str, str]:
 
 def hits_table(result: RecallResult, *, labels: Mapping[str, str] | None = None, width: int = TEXT_WIDTH,
                title: str | None = None) -> Table:
-    """One row per hit: rank, id, type, text, rank in each path, rrf, second stage, final score, superseded."""
+    """One row per hit: rank, id, type, text, rank in each path, rrf, second stage, the hubness held against it
+    (a column only when some hit has one, `atlas.core.hubness`), final score, superseded."""
     paths = ("bm25", "dense")
     rows = []
     for rank, hit in enumerate(result.hits, start=1):
         rows.append({
             "rank": rank, "id": short_id(hit.id, labels), "type": hit.memory_type, "text": truncate(hit.text, width),
             **{path: hit.ranks.get(path) for path in paths},
-            "rrf": hit.rrf, "second": hit.second_stage_score, "score": hit.score,
+            "rrf": hit.rrf, "second": hit.second_stage_score, "hub": hit.hubness, "score": hit.score,
             "superseded": f"by {short_id(hit.superseded_by, labels)}" if hit.superseded_by else "",
         })
     if title is None:
         title = f"{result.mode}: {result.query!r}" + (f" ({result.note})" if result.note else "")
-    columns = ["rank", "id", "type", "text", *paths, "rrf", "second", "score", "superseded"]
+    hub = ["hub"] if any(hit.hubness is not None for hit in result.hits) else []
+    columns = ["rank", "id", "type", "text", *paths, "rrf", "second", *hub, "score", "superseded"]
     return Table(columns, [[r[c] for c in columns] for r in rows], title,
-                 {"rank", *paths, "rrf", "second", "score"})
+                 {"rank", *paths, "rrf", "second", "hub", "score"})
 
 
 def decay_table(result: RecallResult, *, now: datetime, params: ScoringParams | None = None,

@@ -25,6 +25,7 @@ from atlas.core.clock import es_date
 from atlas.core.config import REPO_ROOT
 from atlas.core.documents import build_document
 from atlas.core.errors import AtlasError
+from atlas.core.hubness import attach_hubness, has_hubness
 from atlas.core.memory import bulk_load, parse_when
 from atlas.core.passages import context_before
 from atlas.core.scoring import smoothed_success_rate
@@ -179,7 +180,7 @@ def stored_state(store: Store, keys: Iterable[str]) -> dict[str, dict]:
     for start in range(0, len(wanted), 10_000):
         query = {"terms": {"source_key": wanted[start:start + 10_000]}}
         for hit in helpers.scan(store.es, index=store.indices, query={"query": query},
-                                _source_includes=["source_key", *_STATE_FIELDS]):
+                                _source_includes=["source_key", *_STATE_FIELDS, "hubness"]):
             source = dict(hit["_source"])
             key = source.pop("source_key")
             if key in found:
@@ -212,17 +213,22 @@ def load_once(store: Store, docs: Sequence[dict], name: str, *,
     held = stored_state(store, keys)
     if held:
         ids = {key: doc["id"] for key, doc in held.items()}
-        actual = {key: {k: v for k, v in doc.items() if k != "id"} for key, doc in held.items()}
+        actual = {key: {k: v for k, v in doc.items() if k not in ("id", "hubness")} for key, doc in held.items()}
         if len(held) == len(docs) and actual == _expected_state(docs, link(ids) if link else {}, ids):
+            current = [doc for doc in held.values() if not doc.get("superseded_by")]
+            if has_hubness(store) and any("hubness" not in doc for doc in current):
+                raise AtlasError(f"prefix {store.prefix} holds {name} without hubness (loaded before change 15 of "
+                                 "docs/evaluation.md): drop the prefix (Store.drop, or --fresh) and load again")
             return ids
         raise AtlasError(f"prefix {store.prefix} holds {len(held)} of the {len(docs)} documents of {name}, or another "
                          f"version of them: drop the prefix (Store.drop, or --fresh) and load again")
-    # Ids are chosen before indexing so that the links are written with the documents: a second pass
-    # of updates would leave old copies behind, which BM25's statistics count until Lucene merges them.
+    # Ids and hubness are settled before indexing so that the links and hubness are written with the documents:
+    # a second pass of updates would leave old copies behind, which BM25's statistics count until Lucene merges them.
     ids = {key: loaded_id(store.prefix, key) for key in keys}
     links = link(ids) if link else {}
-    bulk_load(store, [{**doc, **links.get(doc["source_key"], {})} for doc in docs], progress=progress,
-              ids=list(ids.values()))
+    loaded = [{**doc, **links.get(doc["source_key"], {})} for doc in docs]
+    attach_hubness(store, loaded)
+    bulk_load(store, loaded, progress=progress, ids=list(ids.values()))
     return ids
 
 

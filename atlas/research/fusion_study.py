@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from atlas.core import constants as C
 from atlas.core.fusion import combine, rrf_fuse, score_fuse
+from atlas.core.hubness import held
 from atlas.core.recall import paths_of, recall
 from atlas.core.store import Store
 from atlas.notebook.display import Table, table
@@ -41,6 +42,8 @@ class Candidate:
     ranks: dict[str, int]
     scores: dict[str, float]
     second: float
+    #: The memory's hubness, which the second stage holds against it (`atlas.core.hubness.held`).
+    hubness: float | None = None
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,8 @@ def capture(store: Store, questions: Sequence[EvalQuestion], *, window: int = C.
         result = recall(store, q.user_id, q.query, k=2 * window, mode=C.DEFAULT_RECALL_MODE, now=q.now,
                         window=window, pool=2 * window, touch=False)
         out.append(Captured(q, tuple(Candidate(hit.source.get("source_key") or hit.id, hit.ranks, hit.path_scores,
-                                               float(hit.second_stage_score or 0.0)) for hit in result.hits)))
+                                               float(hit.second_stage_score or 0.0), hit.hubness)
+                                     for hit in result.hits)))
     return out
 
 
@@ -78,14 +82,17 @@ def fused(captured: Captured, arm: Arm, weight: float, *, window: int = C.RRF_WI
 
 
 def replay(captured: Captured, arm: Arm, weight: float, *, second_stage: bool = True,
-           pool: int = C.RERANK_POOL) -> list[str]:
-    """The ranked keys one arm gives: fused, then (in the default mode) the top `pool` re-scored as `recall` does."""
+           pool: int = C.RERANK_POOL, hub_penalty: float = C.HUB_PENALTY) -> list[str]:
+    """The ranked keys one arm gives: fused, then (in the default mode) the top `pool` re-scored as `recall` does,
+    hubness held against each candidate by `hub_penalty`."""
     order = fused(captured, arm, weight)
     if not second_stage:
         return [key for key, _ in order]
-    second = {c.key: c.second for c in captured.candidates}
+    by_key = {c.key: c for c in captured.candidates}
     head = order[:pool]
-    final = combine(np.asarray([value for _, value in head]), np.asarray([second[key] for key, _ in head]))
+    second = held(np.asarray([by_key[key].second for key, _ in head]), [by_key[key].hubness for key, _ in head],
+                  penalty=hub_penalty)
+    final = combine(np.asarray([value for _, value in head]), second)
     return [head[i][0] for i in sorted(range(len(head)), key=lambda i: -final[i])] + [key for key, _ in order[pool:]]
 
 

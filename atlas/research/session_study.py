@@ -1,9 +1,10 @@
-"""The session pass (issue 22) as a study: the default mode with and without it, question by question.
+"""Recall options as studies (issue 22): the default mode with and without one, question by question.
 
-`ask_arms` asks every question once per arm (`ask` with the arm's recall options); `paired` gives each
-category's mean in both arms and the paired gain with its bootstrap interval; `found_by_pass` lists the
-questions whose evidence the pass brings into the top k, and `evidence_places` shows one of them hit by hit.
-`scripts/session_study.py` runs it on LoCoMo dev and the persona set (docs/evaluation.md, "Spread-out evidence").
+`ask_arms` asks every question once per arm (`ask` with the arm's recall options: the session pass of `ARMS`,
+hubness of `HUB_ARMS`); `paired` gives each category's mean in both arms and the paired gain with its bootstrap
+interval; `found_by_pass` lists the questions whose evidence an arm brings into the top k, and `evidence_places`
+shows one of them hit by hit. `scripts/session_study.py` runs the session pass on LoCoMo dev and the persona set
+(docs/evaluation.md, "Spread-out evidence"); notebook 09 runs the hubness arms.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from atlas.research.metrics import bootstrap_ci, percentiles
 #: (SESSION_PASS_TURNS turns of each after the first SESSION_PASS_KEEP hits). 10 sessions, 2 turns and 7 kept
 #: were chosen on one conversation (conv-26) by an offline replay, before the other six were run.
 ARMS: dict[str, dict[str, Any]] = {"off": {"sessions": 0}, "session pass": {"sessions": 10}}
+#: The default mode without the hubness penalty and as it is (`atlas.core.hubness`, docs/evaluation.md change 15).
+HUB_ARMS: dict[str, dict[str, Any]] = {"off": {"hub_penalty": 0.0}, "hubness": {}}
 
 
 def ask_arms(store: Store, questions: Sequence[EvalQuestion], ks: Sequence[int], *,
@@ -83,21 +86,20 @@ def found_by_pass(base: Sequence[dict], arm: Sequence[dict], *, group: str = "mu
     return sorted((qid for qid, gain in gains.items() if gain > 0), key=lambda qid: -gains[qid])
 
 
-def evidence_places(store: Store, question: EvalQuestion, *, sessions: int = ARMS["session pass"]["sessions"],
+def evidence_places(store: Store, question: EvalQuestion, *, arms: Mapping[str, Mapping[str, Any]] = ARMS,
                     depth: int = 50) -> Table:
-    """Each evidence turn of `question`: its session, its place without and with the session pass (within the
-    first `depth`), and its text."""
-    results = {sessions_: recall(store, question.user_id, question.query, k=depth, now=question.now, touch=False,
-                                 sessions=sessions_) for sessions_ in (0, sessions)}
+    """Each evidence turn of `question`: its session, its place in each arm's ranking (within the first `depth`),
+    and its text."""
+    results = {name: recall(store, question.user_id, question.query, k=depth, now=question.now, touch=False,
+                            **options) for name, options in arms.items()}
     rows = []
     for key in question.relevant:
         places, text, session = {}, "", ""
-        for sessions_, result in results.items():
+        for name, result in results.items():
             keys = [hit.source.get("source_key") for hit in result.hits]
-            places[sessions_] = keys.index(key) + 1 if key in keys else None
+            places[f"place, {name}"] = keys.index(key) + 1 if key in keys else None
             hit = next((h for h in result.hits if h.source.get("source_key") == key), None)
             if hit is not None:
                 text, session = hit.text, hit.source.get("session_id") or ""
-        rows.append({"evidence": key, "session": session, "place without": places[0],
-                     "place with the pass": places[sessions], "text": truncate(text, 70)})
-    return table(rows, title=f"{question.query} ({question.group})", numeric={"place without", "place with the pass"})
+        rows.append({"evidence": key, "session": session, **places, "text": truncate(text, 70)})
+    return table(rows, title=f"{question.query} ({question.group})", numeric={f"place, {name}" for name in arms})

@@ -1,0 +1,111 @@
+"""Hubness: how much a memory resembles the rest of its owner's memories, which the second stage holds against it.
+
+In a space of sentence vectors some points are near almost any query: here a user's small talk ("Wow, that's great,
+Caroline!"), which names the people and the mood of every conversation and says nothing in particular. Such hubs
+fill the top of a list, most of all for a question whose answer is spread over many specific turns. A memory's
+`hubness` is the mean cosine of its HUB_NEIGHBOURS most similar memories of the same owner (the second model's
+vectors, `rerank_embedding`); the embedding second stage scores a candidate by its cosine to the question minus
+HUB_PENALTY x hubness, the local scaling of cross-domain similarity (CSLS) applied to one side
+(`atlas.core.recall`; measured in docs/evaluation.md, change 15).
+
+Hubness depends on the owner's other memories, so it is computed for all of them at once: by a load before it
+indexes (`attach_hubness`; a load writes each document once) and by consolidation afterwards (`refresh_hubness`),
+not on each write. A memory written since has none and counts as the pool's average.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from elasticsearch import helpers
+
+from atlas.core import constants as C
+from atlas.core.documents import embed_documents
+from atlas.core.errors import AtlasError
+from atlas.core.privacy import pages
+from atlas.core.schemas import index_name
+from atlas.core.store import Store
+from atlas.core.validation import check_user
+
+#: Rows compared at once: a block of cosines is rows x memories floats.
+_BLOCK = 1024
+
+
+def hubness(vectors: np.ndarray, *, neighbours: int = C.HUB_NEIGHBOURS) -> np.ndarray:
+    """Each row's mean cosine to its `neighbours` most similar other rows (fewer if there are fewer; 0 alone)."""
+    count = len(vectors)
+    if count < 2:
+        return np.zeros(count, dtype=np.float32)
+    unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    take = min(neighbours, count - 1)
+    out = np.empty(count, dtype=np.float32)
+    for start in range(0, count, _BLOCK):
+        block = unit[start:start + _BLOCK] @ unit.T
+        block[np.arange(len(block)), np.arange(start, start + len(block))] = -np.inf  # not its own neighbour
+        out[start:start + _BLOCK] = np.partition(block, count - take, axis=1)[:, count - take:].mean(axis=1)
+    return out
+
+
+def held(cosines: np.ndarray, hubs: Sequence[float | None], *, penalty: float = C.HUB_PENALTY) -> np.ndarray:
+    """The second stage's cosines lowered by `penalty` x each candidate's hubness; a candidate without one counts
+    as the mean of the others (nothing changes when none has one)."""
+    known = [h for h in hubs if h is not None]
+    if not known or not penalty:
+        return cosines
+    mean = float(np.mean(known))
+    return cosines - penalty * np.asarray([mean if h is None else h for h in hubs], dtype=cosines.dtype)
+
+
+def has_hubness(store: Store) -> bool:
+    """Whether the store's memories get hubness: only the embedding second stage has the vectors it is made of."""
+    return store.second_stage is not None and store.second_stage.embedder is not None
+
+
+def attach_hubness(store: Store, docs: list[dict]) -> None:
+    """Set `hubness` on each current document of `docs` (not superseded, not archived) from the others of its owner
+    among them, embedding them first (`embed_documents`, whose cache the load then reuses); nothing without an
+    embedding second stage."""
+    if not has_hubness(store):
+        return
+    current = [doc for doc in docs if not doc.get("superseded_by") and not doc.get("archived_from")]
+    embed_documents(store, current)
+    owners: dict[str | None, list[dict]] = {}
+    for doc in current:
+        owners.setdefault(doc.get("user_id"), []).append(doc)
+    for group in owners.values():
+        values = hubness(np.asarray([doc["rerank_embedding"] for doc in group], dtype=np.float32))
+        for doc, value in zip(group, values, strict=True):
+            doc["hubness"] = round(float(value), 5)
+
+
+def build_hubness_query(user_id: str | None) -> dict:
+    """The current memories whose hubness is computed together: one user's, or the catalog's ownerless items."""
+    owner = {"term": {"user_id": check_user(user_id)}} if user_id is not None else None
+    return {"bool": {"filter": [owner] if owner else [],
+                     "must_not": [{"exists": {"field": "superseded_by"}}] + ([] if owner else
+                                                                            [{"exists": {"field": "user_id"}}])}}
+
+
+def refresh_hubness(store: Store, user_id: str | None) -> int:
+    """Compute `hubness` of every current memory of `user_id` (None: the catalog) and write it: the number
+    written. Reads the second model's vectors with the service credential, a page at a time, then one `_bulk`
+    of partial updates routed by owner; 0 when the store has no embedding second stage."""
+    if not has_hubness(store):
+        return 0
+    types: tuple[C.MemoryType, ...] = C.USER_MEMORY_TYPES if user_id is not None else ("catalog",)
+    indices = [index_name(store.prefix, memory_type) for memory_type in types]
+    hits = [hit for page in pages(store, indices, build_hubness_query(user_id),
+                                  source={"includes": ["rerank_embedding"]}) for hit in page
+            if "rerank_embedding" in hit["_source"]]
+    if not hits:
+        return 0
+    values = hubness(np.asarray([hit["_source"]["rerank_embedding"] for hit in hits], dtype=np.float32))
+    updates = [{"_op_type": "update", "_index": hit["_index"], "_id": hit["_id"], "routing": hit.get("_routing"),
+                "doc": {"hubness": round(float(value), 5)}} for hit, value in zip(hits, values, strict=True)]
+    written, failed = helpers.bulk(store.es, updates, refresh=False, raise_on_error=False)
+    if errors := failed if isinstance(failed, list) else []:
+        first = errors[0].get("update", {})
+        raise AtlasError(f"hubness: {len(errors)} of {len(updates)} memories were not updated (first: "
+                         f"{first.get('_id')}, {(first.get('error') or {}).get('reason')}); run it again")
+    return written

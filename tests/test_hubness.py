@@ -1,0 +1,112 @@
+"""Hubness (issue 22, change 15): small talk that resembles the rest of a user's memory is held against it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from atlas.core import constants as C
+from atlas.core import hubness as hub
+from atlas.core.documents import build_document
+from atlas.core.errors import ValidationError
+from atlas.core.hubness import attach_hubness, build_hubness_query, hubness, refresh_hubness
+from atlas.core.memory import write_episode, write_memory
+from atlas.core.recall import recall
+from atlas.notebook.display import hits_table
+
+SMALL_TALK = ("Wow, Kai, that's awesome! So happy for you and your family!",
+              "That's great, Kai! Your family sounds amazing, so happy for you.",
+              "Awesome news, Kai! Love hearing about your family, it makes me happy.",
+              "So happy for you, Kai! Family time is the best, that's awesome.",
+              "That's so cool, Kai! Your family is awesome, glad you're happy.")
+CAMPING = "Kai: We went camping at the beach with the kids last weekend."
+OTHERS = ("Kai: I signed up for a pottery class on Tuesdays.", "Kai: My car needs new brake pads before winter.")
+
+
+def test_hubness_is_the_mean_cosine_of_the_nearest_others():
+    vectors = np.asarray([[1, 0, 0], [0.9, 0.1, 0], [0.8, 0.2, 0], [0, 0, 1]], dtype=np.float32)
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    cos = unit @ unit.T
+    got = hubness(vectors, neighbours=2)
+    assert got[0] == pytest.approx((cos[0, 1] + cos[0, 2]) / 2, abs=1e-6)
+    assert got[3] == pytest.approx((cos[3, 1] + cos[3, 2]) / 2, abs=1e-6)  # its two best, both poor
+    assert got[:3].min() > got[3]
+    # fewer others than neighbours: all of them; one row alone has no neighbour
+    assert hubness(vectors[:2], neighbours=30) == pytest.approx([cos[0, 1], cos[0, 1]], abs=1e-6)
+    assert hubness(vectors[:1]).tolist() == [0.0]
+
+
+def test_hubness_in_blocks_equals_all_at_once(monkeypatch):
+    vectors = np.random.default_rng(0).normal(size=(50, 8)).astype(np.float32)
+    whole = hubness(vectors, neighbours=5)
+    monkeypatch.setattr(hub, "_BLOCK", 7)
+    assert hubness(vectors, neighbours=5) == pytest.approx(whole, abs=1e-6)
+
+
+def test_hubness_query_is_one_owner_or_the_catalog():
+    assert build_hubness_query("kai")["bool"]["filter"] == [{"term": {"user_id": "kai"}}]
+    catalog = build_hubness_query(None)["bool"]
+    assert catalog["filter"] == [] and {"exists": {"field": "user_id"}} in catalog["must_not"]
+    with pytest.raises(ValidationError):
+        build_hubness_query("../kai")
+
+
+def test_small_talk_gives_way_to_the_specific_turn(store):
+    """Five turns of small talk outrank the one that answers, until the user's hubness is computed; then the
+    default second stage puts the answer first, and `hub_penalty=0` turns that off again."""
+    for text in (*SMALL_TALK, CAMPING, *OTHERS):
+        write_episode(store, "kai", text)
+    write_memory(store, "ana", "Ana went camping at the beach too", "semantic")
+    store.es.indices.refresh(index=store.indices)
+    question = "What activities does Kai do with his family?"
+
+    def texts(**options) -> list[str]:
+        return [hit.text for hit in recall(store, "kai", question, k=8, touch=False, **options).hits]
+
+    before = texts()
+    assert before.index(CAMPING) >= len(SMALL_TALK)  # without hubness the small talk comes first
+    assert "hub" not in hits_table(recall(store, "kai", question, touch=False)).columns
+    assert refresh_hubness(store, "kai") == len(SMALL_TALK) + 1 + len(OTHERS)  # only kai's memories
+    result = recall(store, "kai", question, k=8, touch=False)
+    scores = {hit.text: hit.hubness for hit in result.hits}
+    assert min(scores[text] for text in SMALL_TALK) > scores[CAMPING]
+    assert result.hits[0].text == CAMPING and C.HUB_PENALTY > 0
+    assert "hub" in hits_table(result).columns
+    assert texts(hub_penalty=0) == before
+    ana = store.es.search(index=store.indices, query={"term": {"user_id": "ana"}})["hits"]["hits"][0]["_source"]
+    assert "hubness" not in ana
+
+
+def test_a_load_attaches_hubness_per_owner_before_indexing(store):
+    """A load computes hubness among each owner's own documents (the catalog's among the catalog's); a superseded
+    fact gets none, since recall never shows it."""
+    from datetime import UTC, datetime
+
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    docs = [build_document("kai", text, "episodic", now) for text in (*SMALL_TALK, CAMPING)]
+    docs += [build_document("ana", "Ana went camping at the beach too", "semantic", now),
+             build_document("ana", "Ana lives in Porto", "semantic", now, superseded_by="x"),
+             build_document(None, "Camping stove, 2 burners", "catalog", now)]
+    attach_hubness(store, docs)
+    kai = np.asarray([doc["rerank_embedding"] for doc in docs[:6]], dtype=np.float32)
+    assert [doc["hubness"] for doc in docs[:6]] == pytest.approx(hubness(kai).tolist(), abs=1e-5)
+    assert docs[6]["hubness"] == 0.0 and docs[8]["hubness"] == 0.0  # alone among their owner's documents
+    assert "hubness" not in docs[7]
+
+
+@pytest.mark.parametrize("penalty", [-1, 11, "1", True, None])
+def test_hub_penalty_out_of_range_is_refused(store, penalty):
+    with pytest.raises(ValidationError, match="hub_penalty"):
+        recall(store, "kai", "anything", hub_penalty=penalty)
+
+
+def test_a_refresh_that_fails_part_way_says_so(store, monkeypatch):
+    """An update the cluster refuses is an AtlasError naming it, not a silent partial refresh."""
+    from atlas.core.errors import AtlasError
+
+    for text in SMALL_TALK[:2]:
+        write_episode(store, "kai", text)
+    refused = [{"update": {"_id": "abc", "error": {"reason": "version conflict"}}}]
+    monkeypatch.setattr(hub.helpers, "bulk", lambda *args, **kwargs: (1, refused))
+    with pytest.raises(AtlasError, match="1 of 2 memories were not updated .*abc, version conflict"):
+        refresh_hubness(store, "kai")
