@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from atlas.core import constants as C
 from atlas.core.fusion import combine, rrf_fuse
-from atlas.core.hubness import hubness
+from atlas.core.hubness import held, hubness
 from atlas.core.recall import recall
 from atlas.core.store import Store
 from atlas.research.evaluate import LOCOMO_KS, score
@@ -101,7 +101,8 @@ def second_stage(turns: Turns, query_e5: np.ndarray, rankings: dict[str, list[st
     `recall` orders the default mode."""
     fused = rrf_fuse(rankings)
     head = fused[:C.RERANK_POOL]
-    second = np.asarray([turns.e5[k] @ query_e5 - (weight * hub[k] if hub else 0.0) for k, _, _ in head])
+    second = held(np.asarray([turns.e5[k] @ query_e5 for k, _, _ in head]),
+                  [hub[k] if hub else None for k, _, _ in head], penalty=weight)
     final = combine(np.asarray([s for _, s, _ in head]), second)
     return [head[i][0] for i in np.argsort(-final, kind="stable")] + [k for k, _, _ in fused[C.RERANK_POOL:]]
 

@@ -12,6 +12,7 @@ from atlas.core.errors import ValidationError
 from atlas.core.hubness import attach_hubness, build_hubness_query, hubness, refresh_hubness
 from atlas.core.memory import write_episode, write_memory
 from atlas.core.recall import recall
+from atlas.core.schemas import build_sole_owner_filter
 from atlas.notebook.display import hits_table
 
 SMALL_TALK = ("Wow, Kai, that's awesome! So happy for you and your family!",
@@ -44,7 +45,8 @@ def test_hubness_in_blocks_equals_all_at_once(monkeypatch):
 
 
 def test_hubness_query_is_one_owner_or_the_catalog():
-    assert build_hubness_query("kai")["bool"]["filter"] == [{"term": {"user_id": "kai"}}]
+    # one user's as the recall's code filter reads them: a planted document naming a second owner is nobody's
+    assert build_hubness_query("kai")["bool"]["filter"] == [build_sole_owner_filter("kai")]
     catalog = build_hubness_query(None)["bool"]
     assert catalog["filter"] == [] and {"exists": {"field": "user_id"}} in catalog["must_not"]
     with pytest.raises(ValidationError):

@@ -24,7 +24,7 @@ from atlas.core import constants as C
 from atlas.core.documents import embed_documents
 from atlas.core.errors import AtlasError
 from atlas.core.privacy import pages
-from atlas.core.schemas import index_name
+from atlas.core.schemas import build_sole_owner_filter, index_name
 from atlas.core.store import Store
 from atlas.core.validation import check_user
 
@@ -57,6 +57,11 @@ def held(cosines: np.ndarray, hubs: Sequence[float | None], *, penalty: float = 
     return cosines - penalty * np.asarray([mean if h is None else h for h in hubs], dtype=cosines.dtype)
 
 
+def stored(values: np.ndarray) -> list[float]:
+    """Hubness as it is written to a document: five decimals, whether a load or consolidation writes it."""
+    return [round(float(value), 5) for value in values]
+
+
 def has_hubness(store: Store) -> bool:
     """Whether the store's memories get hubness: only the embedding second stage has the vectors it is made of."""
     return store.second_stage is not None and store.second_stage.embedder is not None
@@ -74,17 +79,18 @@ def attach_hubness(store: Store, docs: list[dict]) -> None:
     for doc in current:
         owners.setdefault(doc.get("user_id"), []).append(doc)
     for group in owners.values():
-        values = hubness(np.asarray([doc["rerank_embedding"] for doc in group], dtype=np.float32))
+        values = stored(hubness(np.asarray([doc["rerank_embedding"] for doc in group], dtype=np.float32)))
         for doc, value in zip(group, values, strict=True):
-            doc["hubness"] = round(float(value), 5)
+            doc["hubness"] = value
 
 
 def build_hubness_query(user_id: str | None) -> dict:
-    """The current memories whose hubness is computed together: one user's, or the catalog's ownerless items."""
-    owner = {"term": {"user_id": check_user(user_id)}} if user_id is not None else None
-    return {"bool": {"filter": [owner] if owner else [],
-                     "must_not": [{"exists": {"field": "superseded_by"}}] + ([] if owner else
-                                                                            [{"exists": {"field": "user_id"}}])}}
+    """The current memories whose hubness is computed together: one user's (`build_sole_owner_filter`), or the
+    catalog's ownerless items."""
+    current = {"exists": {"field": "superseded_by"}}
+    if user_id is None:
+        return {"bool": {"filter": [], "must_not": [current, {"exists": {"field": "user_id"}}]}}
+    return {"bool": {"filter": [build_sole_owner_filter(check_user(user_id))], "must_not": [current]}}
 
 
 def refresh_hubness(store: Store, user_id: str | None) -> int:
@@ -100,9 +106,9 @@ def refresh_hubness(store: Store, user_id: str | None) -> int:
             if "rerank_embedding" in hit["_source"]]
     if not hits:
         return 0
-    values = hubness(np.asarray([hit["_source"]["rerank_embedding"] for hit in hits], dtype=np.float32))
+    values = stored(hubness(np.asarray([hit["_source"]["rerank_embedding"] for hit in hits], dtype=np.float32)))
     updates = [{"_op_type": "update", "_index": hit["_index"], "_id": hit["_id"], "routing": hit.get("_routing"),
-                "doc": {"hubness": round(float(value), 5)}} for hit, value in zip(hits, values, strict=True)]
+                "doc": {"hubness": value}} for hit, value in zip(hits, values, strict=True)]
     written, failed = helpers.bulk(store.es, updates, refresh=False, raise_on_error=False)
     if errors := failed if isinstance(failed, list) else []:
         first = errors[0].get("update", {})

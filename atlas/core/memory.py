@@ -40,6 +40,7 @@ from atlas.core.validation import (
     check_flag,
     check_ids,
     check_label,
+    check_number,
     check_owner,
     check_steps,
     check_text,
@@ -106,8 +107,7 @@ def write_memory(store: Store, user_id: str, text: str, memory_type: C.MemoryTyp
     check_choice(contradiction, C.CONTRADICTIONS, "contradiction")
     if fact_type is not None:
         check_choice(fact_type, C.FACT_TYPES, "fact_type")
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.0 <= confidence <= 1.0:
-        raise ValidationError(f"confidence must be between 0 and 1, not {confidence!r}")
+    check_number(confidence, low=0.0, high=1.0, what="confidence")
     check_label(session_id, "session_id")
     check_label(name, "name")
     if trigger is not None:

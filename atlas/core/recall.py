@@ -32,7 +32,16 @@ from atlas.core.memory import record_use
 from atlas.core.schemas import archive_name, build_owner_filter, searchable
 from atlas.core.scoring import ScoringParams, build_scored_query, period_functions
 from atlas.core.store import Store
-from atlas.core.validation import check_choice, check_flag, check_k, check_query, check_types, check_user, check_when
+from atlas.core.validation import (
+    check_choice,
+    check_flag,
+    check_k,
+    check_number,
+    check_query,
+    check_types,
+    check_user,
+    check_when,
+)
 
 
 @dataclass
@@ -341,8 +350,7 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
     check_flag(include_superseded, "include_superseded")
     touch = store.touch if touch is None else check_flag(touch, "touch")
     check_flag(routed, "routed")
-    if isinstance(hub_penalty, bool) or not isinstance(hub_penalty, int | float) or not 0 <= hub_penalty <= 10:
-        raise ValidationError(f"hub_penalty must be a number from 0 to 10, not {hub_penalty!r}")
+    check_number(hub_penalty, low=0, high=10, what="hub_penalty")
     now = check_when(now, "now") if now is not None else store.now()
     params = params or store.params
     timings = {"embed": 0.0, "es": 0.0, "fusion": 0.0, "second": 0.0, "sessions": 0.0}

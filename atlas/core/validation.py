@@ -101,6 +101,13 @@ def check_k(k: object, *, limit: int = C.MAX_K, what: str = "k", low: int = 1) -
     return k
 
 
+def check_number(value: object, *, low: float, high: float, what: str) -> float:
+    """A real number from `low` to `high` (a bool is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ValidationError(f"{what} must be a number from {low:g} to {high:g}, not {value!r}")
+    return value
+
+
 def check_id(doc_id: object) -> str:
     if not isinstance(doc_id, str) or not DOC_ID_PATTERN.fullmatch(doc_id):
         raise ValidationError(f"{doc_id!r} is not a memory id (ids are 20 URL-safe characters, as returned by recall)")
