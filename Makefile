@@ -15,6 +15,8 @@ endif
 
 .PHONY: run test test-cluster lint setup browser lab es-up es-down es-reset es-status notebooks nbval pytest eval bench serve clean
 
+# The package with every extra (`dev` pulls in serve, llm, notebooks, research and local): `pip install .` alone
+# is the lean base, the memory without the workshop (pyproject.toml).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

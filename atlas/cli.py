@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.config import Settings, load_settings
 from atlas.core.errors import AtlasError
 from atlas.ops import cluster
 
 if TYPE_CHECKING:
-    from atlas.core.tokens import Issued
+    from atlas.security.tokens import Issued
 
 app = typer.Typer(help="Atlas: long-term agent memory on Elasticsearch.", no_args_is_help=True)
 es_app = typer.Typer(help="The local Elasticsearch node (ignored when ES_URL is set).", no_args_is_help=True)
@@ -28,6 +28,41 @@ PREFIX_OPTION = typer.Option(None, help="index prefix (default: ATLAS_INDEX_PREF
 def _fail(exc: AtlasError) -> None:
     typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code=1)
+
+
+def _needs(extra: str) -> None:
+    """Exit 1 naming the install command when a package of the `extra` (pyproject.toml) is not installed.
+
+    The base install is the memory alone; the commands that serve, evaluate or run notebooks call this first,
+    so a lean install fails at once with what to install, not with an ImportError halfway through a run.
+    """
+    import re
+    from importlib import metadata
+
+    try:
+        requires = metadata.requires("atlas-memory") or []
+    except metadata.PackageNotFoundError:  # run from a source tree without an install: nothing to check
+        return
+    missing, wanted, seen = [], [extra], set()
+    while wanted:  # an extra may name others (`atlas-memory[llm]`)
+        current = wanted.pop()
+        seen.add(current)
+        for requirement in requires:
+            spec, _, marker = requirement.partition(";")
+            match = re.match(r"\s*([A-Za-z0-9._-]+)\s*(?:\[([^\]]*)\])?", spec)
+            if match is None or not re.search(rf"extra\s*==\s*['\"]{re.escape(current)}['\"]", marker):
+                continue
+            if re.sub(r"[-_.]+", "-", match[1]).lower() == "atlas-memory":
+                wanted += [name.strip() for name in (match[2] or "").split(",") if name.strip() not in seen]
+                continue
+            try:
+                metadata.version(match[1])
+            except metadata.PackageNotFoundError:
+                missing.append(match[1])
+    if missing:
+        typer.secho(f"error: this command needs the {extra!r} extra (not installed: {', '.join(sorted(set(missing)))})"
+                    f": pip install 'atlas-memory[{extra}]'", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=1)
 
 
 #: `--nodes` of the `atlas es` commands: the local cluster they act on (ATLAS_ES_NODES, else one node).
@@ -126,8 +161,8 @@ def repair_cmd(user: str | None = typer.Option(None, help="only this user's docu
 @es_app.command("capabilities")
 def es_capabilities(markdown: bool = typer.Option(False, help="print the table of docs/elasticsearch.md")) -> None:
     """Probe what the connected cluster supports and what it lacks."""
-    from atlas.core.connection import connect
     from atlas.ops.capabilities import probe, render_markdown
+    from atlas.security.connection import connect
 
     try:
         results = probe(connect())
@@ -164,8 +199,8 @@ def service_role(indices: list[str] = INDICES_OPTION) -> None:
 def service_create(indices: list[str] = INDICES_OPTION) -> None:
     """Create or update the role and user with the operator's credential (local `elastic`, or ES_*)."""
     from atlas.core.config import load_settings
-    from atlas.core.connection import connect
     from atlas.ops.service import ensure_service_principal
+    from atlas.security.connection import connect
 
     settings = load_settings()
     try:
@@ -196,8 +231,8 @@ def _print_issued(verb: str, issued: Issued) -> None:
 @users_app.command("create")
 def users_create(user_id: str, expiration: str | None = EXPIRATION_OPTION, prefix: str | None = PREFIX_OPTION) -> None:
     """Create a user's read key (kept in .atlas/users.json) and print their first Atlas token, once."""
-    from atlas.core.tenancy import key_scope
-    from atlas.core.tokens import create_user
+    from atlas.security.tenancy import key_scope
+    from atlas.security.tokens import create_user
 
     try:
         issued = create_user(key_scope(prefix), user_id, expiration=expiration)
@@ -210,8 +245,9 @@ def users_create(user_id: str, expiration: str | None = EXPIRATION_OPTION, prefi
 def users_list(prefix: str | None = PREFIX_OPTION) -> None:
     """Stored keys and tokens (never their secrets), with their state as this machine knows it."""
     from atlas.core.config import load_settings
-    from atlas.core.tenancy import list_user_keys, users_path
-    from atlas.core.tokens import list_tokens
+    from atlas.security.secrets import users_path
+    from atlas.security.tenancy import list_user_keys
+    from atlas.security.tokens import list_tokens
 
     settings = load_settings()
     keys = list_user_keys(settings, prefix=prefix)
@@ -228,8 +264,8 @@ def users_list(prefix: str | None = PREFIX_OPTION) -> None:
 @users_app.command("rotate")
 def users_rotate(user_id: str, expiration: str | None = EXPIRATION_OPTION, prefix: str | None = PREFIX_OPTION) -> None:
     """New key and token (also after revoke or expiry); every other key and token of the user stops working."""
-    from atlas.core.tenancy import key_scope
-    from atlas.core.tokens import rotate_user
+    from atlas.security.tenancy import key_scope
+    from atlas.security.tokens import rotate_user
 
     try:
         issued = rotate_user(key_scope(prefix), user_id, expiration=expiration)
@@ -241,8 +277,8 @@ def users_rotate(user_id: str, expiration: str | None = EXPIRATION_OPTION, prefi
 @users_app.command("revoke")
 def users_revoke(user_id: str, prefix: str | None = PREFIX_OPTION) -> None:
     """Invalidate every key of the user in the prefix (found in the cluster, wherever minted) and every token."""
-    from atlas.core.tenancy import key_scope
-    from atlas.core.tokens import revoke_user
+    from atlas.security.tenancy import key_scope
+    from atlas.security.tokens import revoke_user
 
     try:
         done = revoke_user(key_scope(prefix), user_id)
@@ -256,8 +292,8 @@ def users_revoke(user_id: str, prefix: str | None = PREFIX_OPTION) -> None:
 def users_erase(user_id: str, prefix: str | None = PREFIX_OPTION,
                 yes: bool = typer.Option(False, "--yes", help="do not ask for confirmation")) -> None:
     """Delete every document of the user (archive included), invalidate their keys, revoke their tokens."""
-    from atlas.core.privacy import erase_user
-    from atlas.core.tenancy import key_scope
+    from atlas.security.privacy import erase_user
+    from atlas.security.tenancy import key_scope
 
     try:
         scope = key_scope(prefix)
@@ -278,8 +314,8 @@ def users_export(user_id: str, prefix: str | None = PREFIX_OPTION,
                  out: typer.FileTextWrite = typer.Option("-", "--out", encoding="utf-8",
                                                          help="JSON Lines file to write, or - for stdout")) -> None:
     """Everything the user owns as JSON Lines (_id, _index, _source), with supersession links, without vectors."""
-    from atlas.core.privacy import export_user
-    from atlas.core.tenancy import key_scope
+    from atlas.security.privacy import export_user
+    from atlas.security.tenancy import key_scope
 
     count = 0
     try:
@@ -298,7 +334,7 @@ def users_import(file: typer.FileText = typer.Argument(..., encoding="utf-8",
                  user: str | None = typer.Option(None, help="refuse the file unless every line is this user's "
                                                             "(default: the first line's owner)")) -> None:
     """Load an export back: same ids (a re-import overwrites), texts embedded again, the archive restored."""
-    from atlas.core.privacy import import_user, read_lines
+    from atlas.security.privacy import import_user, read_lines
     from atlas.stack import open_store
 
     try:
@@ -322,6 +358,7 @@ def bench_cmd(quick: bool = typer.Option(False, "--quick", help="1k and 10k memo
                                                                   "committed run notebook 10 shows)"),
               progress: bool = typer.Option(True, help="progress bars on stderr")) -> None:
     """Latency, throughput, ingest, index size and memory in one run: outputs/bench/*.json and figures."""
+    _needs("research")
     from atlas.core.config import load_settings
     from atlas.research.bench import PLANS, RECORDED_DIR, render_markdown, results_path, run, write_json
 
@@ -347,6 +384,7 @@ def bench_nodes_cmd(nodes: int = typer.Option(3, "--nodes", min=2, help="nodes o
                                                                         "committed run docs/scaling.md quotes)"),
                     progress: bool = typer.Option(True, help="progress bars on stderr")) -> None:
     """The local single node, then the local N-node cluster, on the same 100k memories (bench-nodes.json)."""
+    _needs("research")
     from dataclasses import replace
 
     from atlas.research.bench import RECORDED_DIR, check_scales, results_path, write_json
@@ -376,6 +414,7 @@ EVAL_PREFIX_OPTION = typer.Option(None, help="index prefix (default: eval-<run>;
 
 def _evaluate(run: str, *, record: bool, fresh: bool, prefix: str | None, path: Path | None) -> None:
     """Run, print the headline, then record or check; a number outside its tolerance exits 1."""
+    _needs("research")
     from atlas.research import results
 
     spec = results.RUNS[run]
@@ -437,6 +476,7 @@ def serve_cmd(host: str = typer.Option(C.MCP_HOST, help="interface to bind (loop
               public_url: str | None = typer.Option(None,
                                                     help="base URL clients use, for /info behind a proxy")) -> None:
     """Run the MCP server (streamable HTTP at /api/atlas/mcp/<user>) until interrupted."""
+    _needs("serve")
     from atlas.serve.mcp_server import serve
 
     typer.echo(f"Atlas MCP on http://{host}:{port}/api/atlas/mcp/<user>  (client config: .../<user>/info)")
@@ -456,6 +496,7 @@ def consolidate_cmd(user: str | None = typer.Option(None, help="consolidate this
                     prefix: str | None = typer.Option(None, help="index prefix (default: ATLAS_INDEX_PREFIX; with "
                                                                  "--evaluate a scratch prefix)")) -> None:
     """Turn new episodes into facts, playbooks and outcome updates, behind guards (docs/mcp.md)."""
+    _needs("llm")
     from atlas.consolidation.consolidate import consolidate, consolidate_all
     from atlas.consolidation.proposers import PROPOSERS
     from atlas.core.validation import check_choice
@@ -512,6 +553,7 @@ def notebooks_run(out: Path | None = typer.Option(None, help="folder of executed
                   only: list[str] | None = typer.Option(None, metavar="NN",
                                                         help="run only notebook NN (repeatable)")) -> None:
     """Execute the notebooks in order, each on its own index prefix; stop at the first failure."""
+    _needs("notebooks")
     from atlas.core.config import load_settings
     from atlas.notebook.runner import discover, notebooks_dir, run_all
 
@@ -537,6 +579,7 @@ def notebooks_times(notebooks: Path | None = typer.Option(None, help="folder of 
                     only: list[str] | None = typer.Option(None, metavar="NN",
                                                           help="measure only notebook NN (repeatable)")) -> None:
     """Each notebook's wall time cold and warm, into notebooks/times.json (the times the openings state)."""
+    _needs("notebooks")
     import json
     import tempfile
 

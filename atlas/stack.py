@@ -1,7 +1,7 @@
 """`open_store`: the whole stack in one call, the entry point of notebooks, the CLI and the server.
 
 It connects, loads the models the settings name (`atlas.models`), makes sure the prefix's
-indices exist and match the schema, and turns on tenancy (`atlas.core.tenancy`). The core
+indices exist and match the schema, and turns on tenancy (`atlas.security.tenancy`). The core
 takes its models as arguments; this is the one place that chooses them.
 """
 
@@ -14,13 +14,13 @@ from typing import Literal
 from elasticsearch import Elasticsearch
 
 from atlas.core.config import Settings, load_settings
-from atlas.core.connection import connect
 from atlas.core.schemas import check_models, check_prefix, ensure_indices
 from atlas.core.scoring import DEFAULT_PARAMS, ScoringParams
 from atlas.core.store import Embedder, SecondStage, Store
-from atlas.core.tenancy import enable_tenancy
 from atlas.models.embed import load_embedder
 from atlas.models.rerank import load_second_stage
+from atlas.security.connection import connect
+from atlas.security.tenancy import enable_tenancy
 
 
 def open_store(prefix: str | None = None, *, settings: Settings | None = None, es: Elasticsearch | None = None,
@@ -31,7 +31,7 @@ def open_store(prefix: str | None = None, *, settings: Settings | None = None, e
 
     With `tenancy` (the default) every read goes through the user's own DLS-restricted API
     key and a user's first write creates it; without, reads use the service credential and
-    the `user_id` filter alone (with a warning, see `atlas.core.tenancy`).
+    the `user_id` filter alone (with a warning, see `atlas.security.tenancy`).
     """
     settings = settings or load_settings()
     cache = settings.embedding_cache_dir

@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.fusion import combine, rrf_fuse
-from atlas.core.hubness import held, hubness
+from atlas.core.fusion import held
+from atlas.core.hubness import hubness
 from atlas.core.recall import recall
 from atlas.core.store import Store
 from atlas.research.evaluate import LOCOMO_KS, score
@@ -210,8 +211,7 @@ def main() -> None:
     for share in TENANT_SHARES:
         ranked = {}
         for c in tqdm(captured, desc=f"bm25 share {share}", unit="q"):
-            found = recall(store, c.question.user_id, kept(c, share), k=C.RRF_WINDOW, mode="bm25", now=c.question.now,
-                           touch=False)
+            found = recall(store.at(c.question.now), c.question.user_id, kept(c, share), k=C.RRF_WINDOW, mode="bm25")
             rankings = captured_rankings(c) | {"bm25": [h.source.get("source_key") or h.id for h in found.hits]}
             ranked[c.question.qid] = second_stage(turns, e5[c.question.query], rankings)
         report(f"BM25 without words in over {share:.0%} of the tenant's turns", ranked, captured, base)

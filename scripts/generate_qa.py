@@ -26,9 +26,8 @@ from openai import OpenAI
 from openai.types.chat import ChatCompletion
 
 from atlas.core.config import load_settings
-from atlas.core.errors import LLMError
+from atlas.models.llm import LLMError, complete, first_message, llm_client, not_configured_message
 from atlas.research.datasets import PERSONA_DIR, QUESTION_KINDS, read_persona_corpus
-from atlas.serve.llm import complete, first_message, llm_client, not_configured_message
 
 SYSTEM = (
     "You write evaluation questions for the long-term memory of a smart-home support assistant. "

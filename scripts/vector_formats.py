@@ -19,14 +19,14 @@ import os
 import time
 from collections.abc import Sequence
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.config import load_settings
-from atlas.core.connection import connect
 from atlas.core.schemas import drop_indices
 from atlas.research.bench import index_size
 from atlas.research.datasets import PERSONA_NOW
 from atlas.research.evaluate import evaluate_locomo, evaluate_persona
 from atlas.research.locomo import load_conversations
+from atlas.security.connection import connect
 from atlas.stack import open_store
 
 #: Format name -> (index type of the kNN fields, vectors kept in `_source`); "v3" is schema v3, the before.

@@ -13,8 +13,9 @@ from dataclasses import replace
 
 from typer.testing import CliRunner
 
-from atlas.core.config import load_settings, read_secret
-from atlas.core.connection import connect
+from atlas.core.config import load_settings
+from atlas.security.secrets import read_secret
+from atlas.security.connection import connect
 from atlas.core.errors import ConnectionFailed
 from atlas.core.store import Store
 from atlas.stack import open_store

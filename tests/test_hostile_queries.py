@@ -23,7 +23,7 @@ from atlas.cli import app
 from atlas.consolidation import proposers
 from atlas.consolidation.consolidate import consolidate, consolidate_all, failure
 from atlas.core import clock
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.clock import mentioned_period
 from atlas.core.errors import ConflictError, ValidationError
 from atlas.core.memory import write_episode
@@ -183,17 +183,16 @@ def sarah(store):
 
 
 def test_recall_survives_a_huge_count(sarah):
-    result = recall(sarah, "sarah", "what did I say about the porch light 1000000 days ago?", mode="bm25",
-                    touch=False)
+    result = recall(sarah, "sarah", "what did I say about the porch light 1000000 days ago?", mode="bm25")
     assert result.period is None and result.hits
 
 
 def test_recall_refuses_a_query_longer_than_a_question(sarah):
     query = "may " * 2_400  # 9,600 characters: 1.25 s of parsing on the quadratic parser
     with pytest.raises(ValidationError) as info:
-        recall(sarah, "sarah", query, mode="bm25", touch=False)
+        recall(sarah, "sarah", query, mode="bm25")
     assert len(query) > C.MAX_QUERY_CHARS and f"the limit is {C.MAX_QUERY_CHARS}" in str(info.value)
-    assert recall(sarah, "sarah", "x " * (C.MAX_QUERY_CHARS // 2), mode="bm25", touch=False).query
+    assert recall(sarah, "sarah", "x " * (C.MAX_QUERY_CHARS // 2), mode="bm25").query
 
 
 @truncated

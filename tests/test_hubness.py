@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core import hubness as hub
 from atlas.core.documents import build_document
 from atlas.core.errors import ValidationError
 from atlas.core.hubness import attach_hubness, build_hubness_query, hubness, refresh_hubness
 from atlas.core.memory import write_episode, write_memory
-from atlas.core.recall import recall
+from atlas.core.recall import Tuning, recall
 from atlas.core.schemas import build_sole_owner_filter
 from atlas.notebook.display import hits_table
 
@@ -63,18 +63,18 @@ def test_small_talk_gives_way_to_the_specific_turn(store):
     question = "What activities does Kai do with his family?"
 
     def texts(**options) -> list[str]:
-        return [hit.text for hit in recall(store, "kai", question, k=8, touch=False, **options).hits]
+        return [hit.text for hit in recall(store, "kai", question, k=8, **options).hits]
 
     before = texts()
     assert before.index(CAMPING) >= len(SMALL_TALK)  # without hubness the small talk comes first
-    assert "hub" not in hits_table(recall(store, "kai", question, touch=False)).columns
+    assert "hub" not in hits_table(recall(store, "kai", question)).columns
     assert refresh_hubness(store, "kai") == len(SMALL_TALK) + 1 + len(OTHERS)  # only kai's memories
-    result = recall(store, "kai", question, k=8, touch=False)
+    result = recall(store, "kai", question, k=8)
     scores = {hit.text: hit.hubness for hit in result.hits}
     assert min(scores[text] for text in SMALL_TALK) > scores[CAMPING]
     assert result.hits[0].text == CAMPING and C.HUB_PENALTY > 0
     assert "hub" in hits_table(result).columns
-    assert texts(hub_penalty=0) == before
+    assert texts(tuning=Tuning(hub_penalty=0)) == before
     ana = store.es.search(index=store.indices, query={"term": {"user_id": "ana"}})["hits"]["hits"][0]["_source"]
     assert "hubness" not in ana
 
@@ -99,7 +99,7 @@ def test_a_load_attaches_hubness_per_owner_before_indexing(store):
 @pytest.mark.parametrize("penalty", [-1, 11, "1", True, None])
 def test_hub_penalty_out_of_range_is_refused(store, penalty):
     with pytest.raises(ValidationError, match="hub_penalty"):
-        recall(store, "kai", "anything", hub_penalty=penalty)
+        recall(store, "kai", "anything", tuning=Tuning(hub_penalty=penalty))
 
 
 def test_a_refresh_that_fails_part_way_says_so(store, monkeypatch):

@@ -1,7 +1,7 @@
 """The MCP server over real HTTP with the real MCP client: tools, auth, errors, ownership (issue 7).
 
 The app runs under uvicorn in a background thread on a free loopback port. Clients present
-Atlas tokens (`atlas.core.tokens`); tokens and keys live in a test-local secrets folder
+Atlas tokens (`atlas.security.tokens`); tokens and keys live in a test-local secrets folder
 (ATLAS_HOME=tmp_path) and the keys are invalidated at the end. The attacks on the tokens
 themselves are in tests/test_tokens.py.
 """
@@ -16,11 +16,11 @@ import httpx
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from atlas.core.constants import CONTRADICTIONS, FACT_TYPES, MEMORY_TYPES, USER_MEMORY_TYPES
+from atlas.constants import CONTRADICTIONS, FACT_TYPES, MEMORY_TYPES, USER_MEMORY_TYPES
 from atlas.serve.mcp_server import BackgroundServer, create_app, open_client
 from atlas.core.memory import write_memory
 from atlas.core.store import Store
-from atlas.core.tokens import create_user
+from atlas.security.tokens import create_user
 
 
 @pytest.fixture

@@ -19,15 +19,15 @@ import pytest
 from elasticsearch import Elasticsearch
 
 from atlas.core.config import Settings, load_settings
-from atlas.core.connection import AtlasClient, client_options
+from atlas.security.connection import AtlasClient, client_options
 from atlas.core.documents import build_document
 from atlas.core.errors import ConflictError
 from atlas.core.memory import bulk_load, forget_memory, write_episode, write_memory
-from atlas.core.recall import recall
+from atlas.core.recall import Tuning, recall, record_recall
 from atlas.core.store import Store
 from atlas.core.supersession import supersede
-from atlas.core.tenancy import stored_key, user_client
-from atlas.core.tokens import TokenVerifier, issue_token
+from atlas.security.tenancy import stored_key, user_client
+from atlas.security.tokens import TokenVerifier, issue_token
 from atlas.notebook.inspector import shards_searched, user_shards
 from atlas.notebook.runner import run_notebook, unique_prefix
 from atlas.ops import cluster
@@ -107,10 +107,10 @@ def test_every_user_document_is_routed_by_its_owner(cstore):
 
 
 def test_a_recall_reads_one_shard_per_index_and_finds_the_same(cstore):
-    result = recall(cstore, "alice", "which zigbee channel is my hub on?", mode="hybrid", k=20, touch=False)
+    result = recall(cstore, "alice", "which zigbee channel is my hub on?", mode="hybrid", k=20)
     assert result.hits and {h.user_id for h in result.hits} <= {"alice", None}
-    everywhere = recall(cstore, "alice", "which zigbee channel is my hub on?", mode="hybrid", k=20, touch=False,
-                        routed=False)
+    everywhere = recall(cstore, "alice", "which zigbee channel is my hub on?", mode="hybrid", k=20,
+                        tuning=Tuning(routed=False))
     assert everywhere.ids() == result.ids()
     routed, unrouted = (shards_searched(cstore, "alice", r.requests) for r in (result, everywhere))
     assert [s["routing"] for s in routed] == ["alice", "alice"] and [s["routing"] for s in unrouted] == ["", ""]
@@ -122,12 +122,13 @@ def test_a_recall_reads_one_shard_per_index_and_finds_the_same(cstore):
 
 
 def test_ownership_updates_mget_and_deletes_carry_the_routing(cstore):
-    """prove_ownership, update_owned (use counts), the second stage's mget and forget, on three shards."""
+    """prove_ownership, update_owned (use counts), the second stage and forget, on three shards."""
     fact = write_memory(cstore, "bob", "Bob's thermostat runs firmware 4.2", "semantic")
-    before = recall(cstore, "bob", "thermostat firmware", k=3)  # hybrid+rerank: the mget, and touch
+    before = recall(cstore, "bob", "thermostat firmware", k=3)  # hybrid+rerank, then recording the use
+    record_recall(cstore, before)
     assert before.hits[0].id == fact and before.second_stage is not None
     newer = supersede(cstore, "bob", [fact], "Bob's thermostat runs firmware 4.3")
-    after = recall(cstore, "bob", "thermostat firmware", k=3, touch=False)
+    after = recall(cstore, "bob", "thermostat firmware", k=3)
     assert after.hits[0].id == newer and fact not in after.ids()
     old = cstore.es.get(index=f"{cstore.prefix}-semantic", id=fact, routing="bob")["_source"]
     assert old["superseded_by"] == newer and old["use_count"] == 1
@@ -197,7 +198,7 @@ def test_kill_9_during_writes_loses_no_acknowledged_write_and_recall_answers_whi
         writers.wait_for(ACKED)  # the replicas were promoted: writes go on
         assert health(cstore.es, wait_for_nodes=str(SETTINGS.es_nodes - 1)) == "yellow"
         for user in USERS:
-            assert recall(cstore, user, "which zigbee channel is my hub on?", k=5, touch=False).hits
+            assert recall(cstore, user, "which zigbee channel is my hub on?", k=5).hits
         cluster.up(SETTINGS, nodes=[victim])
         writers.wait_for(ACKED)
     assert health(cstore.es, wait_for_status="green", wait_for_no_initializing_shards="true") == "green"
@@ -214,7 +215,7 @@ def test_keys_and_tokens_work_on_every_node(cstore):
             index=cstore.indices, size=100, source_includes=["user_id"])["hits"]["hits"]}
         assert owners == {"carol", None}, url  # DLS: carol's memories and the ownerless catalog
         on_node = replace(cstore, es=pinned(SETTINGS, url))
-        assert {h.user_id for h in recall(on_node, user, "hub channel", k=10, touch=False).hits} <= {"carol", None}
+        assert {h.user_id for h in recall(on_node, user, "hub channel", k=10).hits} <= {"carol", None}
 
 
 def test_a_supersession_race_across_nodes_has_exactly_one_winner(cstore):
@@ -256,7 +257,7 @@ def test_a_rolling_restart_of_every_node_loses_nothing(cstore):
         for node in range(1, SETTINGS.es_nodes + 1):
             cluster.down(SETTINGS, nodes=[node])
             writers.wait_for(ACKED)
-            assert recall(cstore, "erin", "which zigbee channel is my hub on?", k=5, touch=False).hits
+            assert recall(cstore, "erin", "which zigbee channel is my hub on?", k=5).hits
             cluster.up(SETTINGS, nodes=[node])
             assert health(cstore.es, wait_for_status="green") == "green"
         writers.wait_for(ACKED)

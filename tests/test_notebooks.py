@@ -24,15 +24,7 @@ from nbformat import NotebookNode
 from nbformat.v4 import new_code_cell
 from nbval.plugin import get_sanitize_patterns
 
-from atlas.notebook.runner import (
-    KERNEL,
-    TIMES_FILE,
-    discover,
-    duration_words,
-    how_long,
-    run_notebook,
-    unique_prefix,
-)
+from atlas.notebook.runner import KERNEL, TIMES_FILE, discover, duration_words, how_long, run_notebook, unique_prefix
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.cluster]
 

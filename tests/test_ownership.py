@@ -15,7 +15,7 @@ import pytest
 
 from atlas.consolidation import consolidate as cons
 from atlas.consolidation.consolidate import Watermark, read_plan
-from atlas.core import tenancy
+from atlas.security import tenancy
 from atlas.core.documents import build_document, embed_documents, index_document
 from atlas.core.errors import AuthError, NotFound, ValidationError
 from atlas.core.memory import bulk_load, forget_memory, write_memory
@@ -23,7 +23,7 @@ from atlas.core.recall import recall
 from atlas.core.schemas import all_indices, archive_name, index_name
 from atlas.core.store import Store
 from atlas.core.supersession import archive, repair
-from atlas.core.tenancy import (
+from atlas.security.tenancy import (
     UserKey,
     authenticate_user_key,
     build_role_descriptor,
@@ -82,7 +82,7 @@ def test_only_the_catalog_is_ownerless_and_no_document_is_co_owned(ostore):
         assert visible_ids(ostore, user) == {own[user], *catalog}, f"{user}'s key reads {planted}"
         for code_filter in (True, False):
             ostore.code_filter = code_filter
-            ids = recall(ostore, user, "what is the spare door code", k=20, include_superseded=True, touch=False).ids()
+            ids = recall(ostore, user, "what is the spare door code", k=20, include_superseded=True).ids()
             assert not set(planted.values()) & set(ids), (user, code_filter, planted)
             assert own[user] in ids and set(catalog) <= set(ids)
         ostore.code_filter = True
@@ -91,7 +91,7 @@ def test_only_the_catalog_is_ownerless_and_no_document_is_co_owned(ostore):
                 forget_memory(ostore, user, doc_id)
     # The code filter alone (service credential, no DLS) is the twin: the same documents stay out.
     ostore.reader = None
-    ids = recall(ostore, "bob", "what is the spare door code", k=20, include_superseded=True, touch=False).ids()
+    ids = recall(ostore, "bob", "what is the spare door code", k=20, include_superseded=True).ids()
     assert not set(planted.values()) & set(ids) and own["bob"] in ids and set(catalog) <= set(ids)
 
 
@@ -142,7 +142,7 @@ def test_repair_never_follows_a_link_into_another_users_document(ostore):
     assert report.completed == [] and report.removed_orphans == [], "bob's link into alice's chain is not his"
     assert {i: source(ostore, "semantic", i) for i in bob_before} == bob_before
     assert source(ostore, "semantic", alices_marked_old)["superseded_by"] == alices_head
-    assert bobs in recall(ostore, "bob", "what is my dog called", touch=False).ids()
+    assert bobs in recall(ostore, "bob", "what is my dog called").ids()
     # The foreign link does not block alice either: her fact can still be superseded.
     newer = write_memory(ostore, "alice", "Alice's dog is called Rex the Second", supersedes_id=foreign_link)
     assert source(ostore, "semantic", foreign_link)["superseded_by"] == newer
@@ -175,14 +175,14 @@ def test_the_owner_can_forget_an_archived_memory(ostore):
     new = write_memory(ostore, "alice", "Alice lives in Edinburgh", fact_type="location", supersedes_id=old)
     write_memory(ostore, "bob", "Bob lives in Bristol too", fact_type="location")
     assert archive(ostore, older_than="90d", now=NOW + timedelta(days=100), progress=False) == 1
-    assert old in recall(ostore, "alice", "Bristol", include_superseded=True, touch=False).ids()
+    assert old in recall(ostore, "alice", "Bristol", include_superseded=True).ids()
     with pytest.raises(NotFound):
         forget_memory(ostore, "bob", old)
     assert ostore.es.exists(index=archive_name(ostore.prefix), id=old)
     assert forget_memory(ostore, "alice", old) == archive_name(ostore.prefix)
     assert not ostore.es.exists(index=archive_name(ostore.prefix), id=old)
-    assert old not in recall(ostore, "alice", "Bristol", include_superseded=True, touch=False).ids()
-    assert new in recall(ostore, "alice", "where do I live", touch=False).ids()
+    assert old not in recall(ostore, "alice", "Bristol", include_superseded=True).ids()
+    assert new in recall(ostore, "alice", "where do I live").ids()
 
 
 # --- keys made with the old role ---------------------------------------------------------------------
@@ -220,7 +220,7 @@ def test_keys_with_the_old_role_are_replaced_once_and_never_revived(ostore, monk
     real = tenancy.upgrade_user_key
     monkeypatch.setattr(tenancy, "upgrade_user_key", lambda *a, **k: checks.append(a[1].id) or real(*a, **k))
     for _ in range(3):
-        ids = recall(ostore, "bob", "what is the spare door code", include_superseded=True, touch=False).ids()
+        ids = recall(ostore, "bob", "what is the spare door code", include_superseded=True).ids()
         assert bobs in ids and planted not in ids
     assert checks == [old.id], "checked once per key id"
     new = stored_key(ostore.settings, ostore.prefix, "bob")
@@ -232,12 +232,12 @@ def test_keys_with_the_old_role_are_replaced_once_and_never_revived(ostore, monk
     legacy_key(ostore, "alice")
     revoke_user_key(ostore, "alice")
     with pytest.raises(AuthError, match="revoked"):
-        recall(ostore, "alice", "what is the spare door code", touch=False)
+        recall(ostore, "alice", "what is the spare door code")
     assert stored_key(ostore.settings, ostore.prefix, "alice").state() == "revoked"
     dave = legacy_key(ostore, "dave")
     ostore.es.security.invalidate_api_key(ids=[dave.id], owner=True)  # behind Atlas's back: the file still says active
     with pytest.raises(AuthError, match="revoked"):
-        recall(ostore, "dave", "what is the spare door code", touch=False)
+        recall(ostore, "dave", "what is the spare door code")
     assert stored_key(ostore.settings, ostore.prefix, "dave").id == dave.id
     carol = legacy_key(ostore, "carol")
     ensure_user_key(ostore, "carol", verify=True)

@@ -13,10 +13,10 @@ import pytest
 
 from atlas.cli import app
 from atlas.consolidation.consolidate import ensure_state_name
-from atlas.core import tokens
+from atlas.security import tokens
 from atlas.core.errors import AuthError, ValidationError
 from atlas.core.memory import write_episode, write_memory
-from atlas.core.privacy import erase_user, export_user, import_user
+from atlas.security.privacy import erase_user, export_user, import_user
 from atlas.core.recall import recall
 from atlas.core.schemas import all_indices, archive_name, index_name, state_name
 from atlas.core.store import Store
@@ -56,7 +56,7 @@ def owned(store: Store, user_id: str) -> dict[str, str]:
 
 
 def top_hits(store: Store) -> list[list[str]]:
-    return [recall(store, "alice", q, k=4, touch=False, include_superseded=True).ids() for q in QUERIES]
+    return [recall(store, "alice", q, k=4, include_superseded=True).ids() for q in QUERIES]
 
 
 def fresh_store(tstore: Store) -> Store:

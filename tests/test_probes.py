@@ -25,8 +25,8 @@ import pytest
 from elasticsearch import ApiError, Elasticsearch
 from elasticsearch import NotFoundError as ESNotFound
 
-from atlas.core import constants as C
-from atlas.core import tokens
+from atlas import constants as C
+from atlas.security import tokens
 from atlas.core.documents import build_document
 from atlas.core.errors import NotFound, ValidationError
 from atlas.core.memory import bulk_load, forget_memory, write_memory
@@ -315,7 +315,7 @@ def test_crafted_user_and_document_ids_are_refused(world):
     w = world
     for user in CRAFTED_USERS:
         with pytest.raises(ValidationError):
-            recall(w.store, user, "lantern", touch=False)
+            recall(w.store, user, "lantern")
         with pytest.raises(ValidationError):
             write_memory(w.store, user, "I own everything")
         with pytest.raises(ValidationError):
@@ -327,7 +327,7 @@ def test_crafted_user_and_document_ids_are_refused(world):
         with pytest.raises(NotFound):
             forget_memory(w.store, "alice", doc_id)
     for query in ("*", f'{{"match_all":{{}}}} {MARKER}', "user_id:bob", f"../bob {MARKER}", "ボブ lantern"):
-        hits = recall(w.store, "alice", query, k=50, touch=False, include_superseded=True).hits
+        hits = recall(w.store, "alice", query, k=50, include_superseded=True).hits
         assert {h.user_id for h in hits} <= {"alice", None} and MARKER not in str(hits), (query, hits)
     w.store.es.indices.refresh(index=w.store.indices)
     assert w.store.es.count(index=w.store.indices, query={"term": {"user_id": "bob"}})["count"] == 2
@@ -341,12 +341,12 @@ def test_huge_k_and_huge_text_are_clear_errors(world):
     w = world
     for k in (C.MAX_K + 1, 10**9, 10**30, -1, 0):
         with pytest.raises(ValidationError, match="k"):
-            recall(w.store, "alice", "lantern", k=k, touch=False)
+            recall(w.store, "alice", "lantern", k=k)
     with pytest.raises(ValidationError, match="limit"):
-        recall(w.store, "alice", "lantern " * 100_000, touch=False)
+        recall(w.store, "alice", "lantern " * 100_000)
     with pytest.raises(ValidationError, match="limit"):
         write_memory(w.store, "alice", "x" * (C.MAX_TEXT_CHARS + 1))
-    assert len(recall(w.store, "alice", "lantern", k=C.MAX_K, touch=False).hits) == 3
+    assert len(recall(w.store, "alice", "lantern", k=C.MAX_K).hits) == 3
 
     with BackgroundServer(create_app(w.store)) as server:
         url, token = server.url("alice"), w.secrets["alice"]

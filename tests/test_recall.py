@@ -7,15 +7,18 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
+from elasticsearch import Elasticsearch
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.models.embed import load_embedder
 from atlas.core.errors import NotFound, SchemaMismatch, ValidationError
 from atlas.core.documents import build_document
 from atlas.core.memory import bulk_load, forget_memory, write_episode, write_memory
 from atlas.core.passages import passage_sentences, passage_text
-from atlas.core.fusion import interleave, rrf_fuse, score_fuse
-from atlas.core.recall import build_recall_requests, build_session_requests, pre_recall, recall, to_kibana
+from atlas.core.fusion import rrf_fuse
+from atlas.research.fusion_study import score_fuse
+from atlas.research.session_pass import build_session_requests, interleave, session_pass
+from atlas.core.recall import build_recall_requests, pre_recall, recall, record_recall, to_kibana
 from atlas.core.schemas import drop_indices, ensure_indices
 from atlas.stack import open_store
 
@@ -33,10 +36,10 @@ def test_exact_token_found_by_bm25_when_dense_misses(store):
     for code in ("E-0x14", "E-0x40", "E-0x44", "E-0x11"):
         write_memory(store, "sarah", f"Hub error {code} is a known firmware error code", "semantic")
     query = "what does error E-0x41 mean"
-    assert recall(store, "sarah", query, k=1, mode="bm25", touch=False).ids() == [target]
-    assert recall(store, "sarah", query, k=1, mode="dense", touch=False).ids() != [target], \
+    assert recall(store, "sarah", query, k=1, mode="bm25").ids() == [target]
+    assert recall(store, "sarah", query, k=1, mode="dense").ids() != [target], \
         "the fixture no longer shows a dense miss; pick harder distractors"
-    hybrid = recall(store, "sarah", query, k=3, mode="hybrid", touch=False)
+    hybrid = recall(store, "sarah", query, k=3, mode="hybrid")
     assert target in hybrid.ids() and hybrid.hits[hybrid.ids().index(target)].ranks["bm25"] == 1
 
 
@@ -44,8 +47,8 @@ def test_paraphrase_found_by_dense_when_bm25_misses(store):
     target = write_memory(store, "sarah", "Biscuit chews through sensor cables", "semantic")
     write_memory(store, "sarah", "My puppy photo is the phone wallpaper", "semantic")
     query = "my dog keeps gnawing on the wires"
-    assert target not in recall(store, "sarah", query, mode="bm25", touch=False).ids()
-    assert recall(store, "sarah", query, k=1, mode="dense", touch=False).ids() == [target]
+    assert target not in recall(store, "sarah", query, mode="bm25").ids()
+    assert recall(store, "sarah", query, k=1, mode="dense").ids() == [target]
 
 
 def test_rrf_matches_hand_computation():
@@ -73,11 +76,11 @@ def test_score_fusion_by_hand():
 def test_fusion_order_on_cluster_matches_rrf_of_paths(store):
     for text in ["hub reset steps", "reset the hub by holding the button", "router reboot", "hub firmware notes"]:
         write_memory(store, "sarah", text, "semantic")
-    result = recall(store, "sarah", "how do I reset my hub", k=4, mode="hybrid", touch=False)
+    result = recall(store, "sarah", "how do I reset my hub", k=4, mode="hybrid")
     expected = sorted(result.hits, key=lambda h: -sum(1 / (30 + r) for r in h.ranks.values()))
     assert [h.id for h in result.hits] == [h.id for h in expected]
     for hit in result.hits:
-        assert hit.rrf == pytest.approx(sum(1 / (30 + r) for r in hit.ranks.values()))
+        assert hit.score == pytest.approx(sum(1 / (30 + r) for r in hit.ranks.values()))
         assert hit.path_scores.keys() == hit.ranks.keys()
 
 
@@ -99,7 +102,7 @@ def test_the_priors_sit_in_the_bm25_path_only(store):
     assert [f["weight"] for f in knn["body"]["query"]["function_score"]["functions"]] == [store.params.period_boost]
     assert "gauss" not in str(knn["body"])
     query = "how do I reset the Lumio hub with its button"
-    dense = recall(store, "sarah", query, k=1, mode="dense", touch=False)
+    dense = recall(store, "sarah", query, k=1, mode="dense")
     assert dense.ids() == [old]
     cosine = store.embedder.embed_queries([query])[0] @ np.asarray(
         store.es.get(index=f"{store.prefix}-episodic", id=old, source_exclude_vectors=False)["_source"]["embedding"])
@@ -128,7 +131,7 @@ def test_bm25_ignores_length_and_an_older_index_is_upgraded(store):
     write_episode(store, "sarah", "The hub blinked red all evening while Biscuit slept by the radiator", session_id="s1")
 
     def bm25_scores() -> list[float]:
-        return [h.path_scores["bm25"] for h in recall(store, "sarah", "hub", mode="bm25", touch=False).hits]
+        return [h.path_scores["bm25"] for h in recall(store, "sarah", "hub", mode="bm25").hits]
 
     assert bm25_scores() == pytest.approx([bm25_scores()[0]] * 2)
     episodic = f"{store.prefix}-episodic"
@@ -176,10 +179,9 @@ def test_an_index_that_cannot_be_closed_is_not_upgraded_silently(store, operator
 def test_superseded_hidden_unless_asked(store):
     old = write_memory(store, "sarah", "Sarah lives in Bristol", "semantic", fact_type="location")
     new = write_memory(store, "sarah", "Sarah lives in Edinburgh", "semantic", supersedes_id=old)
-    ids = recall(store, "sarah", "where does Sarah live", touch=False).ids()
+    ids = recall(store, "sarah", "where does Sarah live").ids()
     assert new in ids and old not in ids
-    flagged = {h.id: h for h in recall(store, "sarah", "where does Sarah live", include_superseded=True,
-                                       touch=False).hits}
+    flagged = {h.id: h for h in recall(store, "sarah", "where does Sarah live", include_superseded=True).hits}
     assert flagged[old].superseded_by == new and flagged[old].superseded_at
 
 
@@ -200,7 +202,7 @@ def test_catalog_shared_other_users_hidden(store):
     with pytest.raises(NotFound, match="unknown user sarah"):
         recall(store, "sarah", "Lumio Hub v2")
     write_episode(store, "sarah", "hello there", session_id="s1")  # her first write gives her a read key
-    hits = recall(store, "sarah", "Lumio Hub v2", touch=False).hits
+    hits = recall(store, "sarah", "Lumio Hub v2").hits
     assert hits[0].memory_type == "catalog" and {h.user_id for h in hits} == {None, "sarah"}
 
 
@@ -212,7 +214,7 @@ def test_use_count_race(store):
     def one():
         try:
             barrier.wait()
-            recall(store, "sarah", "warm white light evening", k=1, mode="bm25")
+            record_recall(store, recall(store, "sarah", "warm white light evening", k=1, mode="bm25"))
         except Exception as exc:  # collected and asserted below
             errors.append(exc)
 
@@ -230,7 +232,7 @@ def test_recall_refreshes_last_used_at(store):
     fact = write_memory(store, "sarah", "Sarah's hub is in the hallway cupboard", "semantic")
     later = NOW + timedelta(days=30)
     store.now = lambda: later
-    recall(store, "sarah", "hallway cupboard hub", k=1)
+    record_recall(store, recall(store, "sarah", "hallway cupboard hub", k=1))
     source = store.es.get(index=f"{store.prefix}-semantic", id=fact)["_source"]
     assert source["last_used_at"].startswith("2026-12-01") and source["use_count"] == 1
 
@@ -244,7 +246,7 @@ def test_all_modes_and_second_stage(store):
         write_memory(store, "sarah", text, "semantic")
     paths = {"bm25": {"bm25"}, "dense": {"dense"}, "hybrid": {"bm25", "dense"}, "hybrid+rerank": {"bm25", "dense"}}
     for mode, expected in paths.items():
-        result = recall(store, "sarah", "when is the nursery speaker silent", k=4, mode=mode, touch=False)
+        result = recall(store, "sarah", "when is the nursery speaker silent", k=4, mode=mode)
         assert result.ids()[0] == target, mode
         assert set().union(*(hit.ranks for hit in result.hits)) == expected, mode
         assert all(hit.path_scores.keys() == hit.ranks.keys() for hit in result.hits), mode
@@ -264,7 +266,7 @@ def test_second_stage_failure_falls_back(store):
             raise EmbeddingError("endpoint down")
 
     store.second_stage = Broken()
-    result = recall(store, "sarah", "porch light", touch=False)
+    result = recall(store, "sarah", "porch light")
     assert result.hits and result.second_stage is None and "RRF order" in result.note
 
 
@@ -308,7 +310,7 @@ def test_a_100kb_message_as_query_is_recalled_on(store):
     # The prefix makes the message new to the on-disk embedding cache, which would otherwise skip the model.
     message = f"hub reset {store.prefix} " + " ".join(f"filler{i}" for i in range(12_000))
     with pytest.raises(ValidationError, match=f"the limit is {C.MAX_QUERY_CHARS}"):
-        recall(store, "sarah", message, k=3, touch=False)
+        recall(store, "sarah", message, k=3)
     with pytest.warns(UserWarning):  # truncated for embedding, with a warning
         result = pre_recall(store, "sarah", message, k=3)
     assert message.startswith(result.query) and len(result.query) <= C.MAX_QUERY_CHARS
@@ -322,7 +324,7 @@ def test_english_analysis_drops_question_words_and_stems(store):
     assert [t["token"] for t in tokens] == ["gina", "team", "camp"]
     target = write_episode(store, "sarah", "We went camping in the Cairngorms with the kids", session_id="s1")
     write_episode(store, "sarah", "Where did you put the hub manual?", session_id="s1")
-    assert recall(store, "sarah", "Where has Sarah camped?", k=1, mode="bm25", touch=False).ids() == [target]
+    assert recall(store, "sarah", "Where has Sarah camped?", k=1, mode="bm25").ids() == [target]
 
 
 def test_episode_context_is_searched_and_embedded(store):
@@ -333,7 +335,7 @@ def test_episode_context_is_searched_and_embedded(store):
     assert source["text"] == "The blue one by the back door" and source["context"] == question
     assert np.allclose(source["embedding"], store.embedder.embed_passages([passage_text(source)])[0], atol=1e-5)
     assert passage_text(source) == f"{question}\nThe blue one by the back door"
-    hits = recall(store, "sarah", "which cable did the dog chew", k=2, mode="bm25", touch=False)
+    hits = recall(store, "sarah", "which cable did the dog chew", k=2, mode="bm25")
     assert hits.ids()[0] == target and hits.hits[0].text == "The blue one by the back door"
 
 
@@ -345,7 +347,7 @@ def test_earlier_context_is_searched_not_embedded(store):
     assert source["context"] == exchange
     assert passage_text(source) == "Assistant: Which one this time?\nThe blue one by the back door"
     assert np.allclose(source["embedding"], store.embedder.embed_passages([passage_text(source)])[0], atol=1e-5)
-    assert recall(store, "sarah", "biscuit chewed", k=1, mode="bm25", touch=False).ids() == [target]
+    assert recall(store, "sarah", "biscuit chewed", k=1, mode="bm25").ids() == [target]
 
 
 def test_a_speakers_sentences_are_split_and_headed():
@@ -371,7 +373,7 @@ def test_the_dense_path_scores_a_turn_by_its_best_vector(store):
     nested = {"nested": {"path": "sentences", "query": {"exists": {"field": "sentences.embedding"}}}}
     assert [h["_id"] for h in store.es.search(index=store.indices, query=nested)["hits"]["hits"]] == [target]
     query = "What did Maria bake?"
-    hit = next(h for h in recall(store, "sarah", query, mode="dense", touch=False).hits if h.id == target)
+    hit = next(h for h in recall(store, "sarah", query, mode="dense").hits if h.id == target)
     q = store.embedder.embed_queries([query])[0]
     sentences = store.embedder.embed_passages(passage_sentences(stored))
     assert np.allclose([s["embedding"] for s in stored["sentences"]], sentences, atol=1e-5), "read back as written"
@@ -392,9 +394,9 @@ def test_empty_context_writes_nothing(store):
 def test_a_named_month_lifts_the_episodes_said_then(store):
     july = write_episode(store, "sarah", "We went camping by the loch with the kids", session_id="s1", ts=NOW - timedelta(days=120))
     june = write_episode(store, "sarah", "We went camping in the hills with the kids", session_id="s2", ts=NOW - timedelta(days=150))
-    plain = recall(store, "sarah", "where did we go camping?", k=2, touch=False)
+    plain = recall(store, "sarah", "where did we go camping?", k=2)
     assert plain.period is None and plain.ids()[0] == july, "the fixture no longer prefers July without a month"
-    named = recall(store, "sarah", "where did we go camping in June?", k=2, touch=False)
+    named = recall(store, "sarah", "where did we go camping in June?", k=2)
     assert named.period is not None and named.period[0].month == 6
     assert named.ids() == [june, july]
     assert '"range": {"timestamp"' in to_kibana(named.requests)
@@ -418,27 +420,49 @@ def test_the_session_pass_brings_a_found_sessions_next_turn_up(store):
                               "The dog walker comes on Tuesdays", "Hiking poles are on sale at the outdoor shop"]):
         write_episode(store, "sarah", text, session_id=f"other-{i}")
     query = "where did we go hiking with the dog"
-    off = recall(store, "sarah", query, k=3, touch=False)
+    off = recall(store, "sarah", query, k=3)
     assert off.ids()[0] == top and later not in off.ids(), "the fixture no longer hides the session's second turn"
-    assert recall(store, "sarah", query, k=3, touch=False, sessions=0).ids() == off.ids()
-    on = recall(store, "sarah", query, k=3, touch=False, sessions=1, session_turns=2, session_keep=1)
-    assert on.ids()[:2] == [top, later] and on.ids()[2] == off.ids()[1]
-    assert on.timings["sessions"] > 0 and off.timings["sessions"] == 0
-    bm25, knn = build_session_requests(store, "sarah", query, ["trip"], turns=2, mode="hybrid", types=("episodic",),
-                                       include_superseded=False, now=NOW, params=store.params,
-                                       query_vector=[0.0] * store.embedder.dims)
+    assert [h.id for h in session_pass(store, off, k=3, sessions=0)] == off.ids()
+    on = [h.id for h in session_pass(store, off, k=3, sessions=1, turns=2, keep=1)][:3]
+    assert on[:2] == [top, later] and on[2] == off.ids()[1]
+    bm25, knn = build_session_requests(store, off, ["trip"], turns=2)
     assert [bm25["path"], knn["path"]] == ["bm25@trip", "dense@trip"] and bm25["body"]["size"] == 2
     for request in (bm25, knn):
         assert str(request["body"]).count("{'term': {'session_id': 'trip'}}") == (1 if request is bm25 else 2)
 
 
-def test_timings_split_each_paths_search_the_supersession_check_and_the_mget(store):
-    """Where a recall's time goes, as the benchmark reports it at a million memories: each path's server time
-    (`took`) inside the `_msearch`, the supersession check inside fusion, the `mget` inside the second stage."""
+def test_timings_split_each_paths_search_and_the_supersession_check(store):
+    """Where a recall's time goes, as the benchmark reports it: each path's server time (`took`) inside the
+    `_msearch`, the supersession check inside fusion, the second stage after them."""
     assert store.second_stage is not None and store.second_stage.embedder is not None, "needs the e5 second stage"
     write_episode(store, "tim", "The garage door sensor went offline after the storm")
-    timings = recall(store, "tim", "garage sensor offline", mode="hybrid+rerank", touch=False).timings
+    timings = recall(store, "tim", "garage sensor offline", mode="hybrid+rerank").timings
     assert 0 <= timings["took_bm25"] <= timings["es"] and 0 <= timings["took_dense"] <= timings["es"]
-    assert 0 < timings["settle"] <= timings["fusion"] and 0 < timings["mget"] <= timings["second"]
-    bm25 = recall(store, "tim", "garage sensor offline", mode="bm25", touch=False).timings
-    assert "took_bm25" in bm25 and "took_dense" not in bm25 and "mget" not in bm25
+    assert 0 < timings["settle"] <= timings["fusion"] and 0 < timings["second"]
+    bm25 = recall(store, "tim", "garage sensor offline", mode="bm25").timings
+    assert "took_bm25" in bm25 and "took_dense" not in bm25
+
+
+def test_the_default_recall_is_one_msearch_and_reads_nothing_else(store, monkeypatch):
+    """Issue 33: the default mode's recall makes one `_msearch` (the second stage's vectors and hubness come in it)
+    and no `mget`; a plain recall writes nothing (`record_recall` is the caller's step)."""
+    facts = [write_memory(store, "tim", text) for text in ("The garage sensor is a Zigbee contact sensor",
+                                                           "Tim's garage door opener is on the 2.4 GHz band")]
+    write_episode(store, "tim", "The garage door sensor went offline after the storm")
+    recall(store, "tim", "garage", k=1)  # the first read fetches the user's key; the second reuses it
+    sent: list[tuple[str, str]] = []
+    real = Elasticsearch.perform_request
+
+    def counted(self, method, path, **kwargs):
+        sent.append((method, path))
+        return real(self, method, path, **kwargs)
+
+    monkeypatch.setattr(Elasticsearch, "perform_request", counted)
+    result = recall(store, "tim", "garage sensor offline", k=5)
+    assert result.second_stage is not None, result.note
+    assert [path for _, path in sent] == ["/_msearch"], sent
+    assert {hit.id for hit in result.hits} >= set(facts)
+    assert all("rerank_embedding" not in hit.source for hit in result.hits), "vectors stay out of the hits"
+    monkeypatch.undo()
+    uses = store.es.mget(index=f"{store.prefix}-semantic", ids=facts)["docs"]
+    assert [doc["_source"]["use_count"] for doc in uses] == [0, 0], "a plain recall only reads"

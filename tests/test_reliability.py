@@ -27,10 +27,10 @@ import pytest
 
 from atlas.ops import cluster
 from atlas.core.config import Settings, load_settings
-from atlas.core.connection import connect
+from atlas.security.connection import connect
 from atlas.core.errors import ConflictError, ConnectionFailed
 from atlas.core.memory import forget_memory, write_episode, write_memory
-from atlas.core.recall import recall
+from atlas.core.recall import recall, record_recall
 from atlas.core.store import Store
 from atlas.stack import open_store
 
@@ -153,7 +153,7 @@ def test_stopped_node_fails_fast_and_the_same_client_reconnects(scratch):
         fails_fast(call, url)
     scratch.start()
     fresh = write_episode(store, "ada", "written after the outage")
-    assert set(recall(store, "ada", "outage", mode="bm25", touch=False).ids()) >= {kept, fresh}
+    assert set(recall(store, "ada", "outage", mode="bm25").ids()) >= {kept, fresh}
     store.drop()
 
 
@@ -183,7 +183,7 @@ def test_concurrent_writers_recallers_and_superseders(scratch):
     start = threading.Barrier(WRITERS, timeout=60)  # a worker that never starts breaks it: collected below
 
     def current_fact() -> str:
-        hits = recall(store, user, "thermostat degrees", k=5, types=["semantic"], mode="bm25", touch=False).hits
+        hits = recall(store, user, "thermostat degrees", k=5, types=["semantic"], mode="bm25").hits
         return hits[0].id if hits else root
 
     def worker(n: int) -> None:
@@ -192,6 +192,7 @@ def test_concurrent_writers_recallers_and_superseders(scratch):
             for r in range(ROUNDS):
                 write_episode(store, user, f"turn {r} of writer {n}: the thermostat feels cold")
                 result = recall(store, user, "thermostat degrees", k=5, mode="bm25")
+                record_recall(store, result)  # as the agent loop does
                 facts = [h.id for h in result.hits if h.memory_type == "semantic"]
                 with lock:
                     shown.update(facts)

@@ -14,11 +14,13 @@ from elasticsearch import AuthorizationException, BadRequestError
 from typer.testing import CliRunner
 
 from atlas.cli import app
-from atlas.core import constants as C
-from atlas.core import tenancy
-from atlas.core.config import load_settings, read_secret
-from atlas.core.connection import connect
-from atlas.core.errors import ClusterError, ConnectionFailed, ValidationError
+from atlas import constants as C
+from atlas.security import tenancy
+from atlas.core.config import load_settings
+from atlas.security.secrets import read_secret
+from atlas.security.connection import connect
+from atlas.ops.errors import ClusterError
+from atlas.core.errors import ConnectionFailed, ValidationError
 from atlas.ops import cluster
 from atlas.core.memory import write_memory
 from atlas.core.recall import recall

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from atlas.core import supersession
-from atlas.core.constants import SUPERSEDE_CONFIDENCE_PENALTY
+from atlas.constants import SUPERSEDE_CONFIDENCE_PENALTY
 from atlas.core.errors import AlreadySuperseded, ConflictError, NotFound
 from atlas.core.memory import forget_memory, write_memory
 from atlas.core.recall import recall
@@ -40,7 +40,7 @@ def test_one_statement_retires_several(store):
     for old in olds:
         assert _get(store, old)["superseded_by"] == new
     assert "superseded_by" not in _get(store, keep)
-    ids = recall(store, "sarah", "Bristol", k=10, touch=False).ids()
+    ids = recall(store, "sarah", "Bristol", k=10).ids()
     assert keep in ids and not set(olds) & set(ids)
 
 
@@ -117,11 +117,11 @@ def test_crash_between_write_and_mark_is_repaired(store, monkeypatch):
         write_memory(store, "sarah", "Sarah's dog is called Crumble", "semantic", supersedes_id=old)
     monkeypatch.undo()
     store.es.indices.refresh(index=f"{store.prefix}-semantic")
-    both = recall(store, "sarah", "what is the dog called", k=5, touch=False).ids()
+    both = recall(store, "sarah", "what is the dog called", k=5).ids()
     assert both == [old], "before repair the old fact stays current: the crashed supersession never marked it"
     report = repair(store)
     assert len(report.completed) == 1 and report.completed[0][0] == old
-    after = recall(store, "sarah", "what is the dog called", k=5, touch=False).ids()
+    after = recall(store, "sarah", "what is the dog called", k=5).ids()
     assert old not in after and len(after) == 1
     assert repair(store).completed == [], "repair is idempotent"
 
@@ -164,9 +164,9 @@ def test_archive_moves_old_superseded_and_is_resumable(store, monkeypatch):
     copied = store.es.get(index=f"{store.prefix}-archive", id=old, source_exclude_vectors=False)["_source"]
     assert all(copied[field] == written[field] for field in vectors)
     assert [d["id"] for d in history(store, "sarah", new)] == [old, new]
-    flagged = recall(store, "sarah", "Bristol", include_superseded=True, touch=False).hits
+    flagged = recall(store, "sarah", "Bristol", include_superseded=True).hits
     assert any(h.id == old and h.superseded_by == new for h in flagged)
-    assert old not in recall(store, "sarah", "Bristol", touch=False).ids()
+    assert old not in recall(store, "sarah", "Bristol").ids()
 
 
 def test_chain_order_follows_links_not_clocks():
@@ -188,7 +188,7 @@ def test_forget_splices_the_chain(store):
     forget_memory(store, "sarah", c)
     assert [d["id"] for d in history(store, "sarah", a)] == [a]
     assert _get(store, a).get("superseded_by") is None
-    assert a in recall(store, "sarah", "Sarah's car", k=5, touch=False).ids()
+    assert a in recall(store, "sarah", "Sarah's car", k=5).ids()
     d = write_memory(store, "sarah", "Sarah's car is a Zoe", "semantic", supersedes_id=a)
     assert [x["id"] for x in history(store, "sarah", d)] == [a, d]
 

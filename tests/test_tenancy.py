@@ -17,12 +17,12 @@ import pytest
 from elasticsearch import AuthorizationException
 from elasticsearch import NotFoundError as ESNotFound
 
-from atlas.core import constants as C
-from atlas.core import tenancy, tokens
+from atlas import constants as C
+from atlas.security import tenancy, tokens
 from atlas.research import leaks
 from atlas.research.leaks import leak_sweep
 from atlas.cli import app
-from atlas.core.config import read_secret
+from atlas.security.secrets import read_secret
 from atlas.core.errors import AuthError, NotFound, ValidationError
 from atlas.core.documents import build_document, prove_ownership
 from atlas.core.memory import bulk_load, forget_memory, record_outcome, write_episode, write_memory
@@ -31,7 +31,7 @@ from atlas.core.schemas import all_indices, index_name
 from atlas.core.store import Store
 from atlas.stack import open_store
 from atlas.core.supersession import history
-from atlas.core.tenancy import (
+from atlas.security.tenancy import (
     UnrestrictedReadWarning,
     authenticate_user_key,
     build_role_descriptor,
@@ -42,9 +42,9 @@ from atlas.core.tenancy import (
     revoke_user_key,
     rotate_user_key,
     user_client,
-    users_path,
     warn_if_service_reads,
 )
+from atlas.security.secrets import users_path
 
 from .conftest import NOW, make_prefix
 
@@ -64,7 +64,7 @@ def load_catalog(store: Store) -> list[str]:
 
 
 def owners(store: Store, user_id: str, query: str, **kwargs) -> set[str | None]:
-    return {hit.user_id for hit in recall(store, user_id, query, touch=False, **kwargs).hits}
+    return {hit.user_id for hit in recall(store, user_id, query, **kwargs).hits}
 
 
 def service_doc(store: Store, index: str, doc_id: str) -> dict:
@@ -177,7 +177,7 @@ def test_each_user_sees_own_and_catalog(tstore, pair, code_filter):
     for user in ("alice", "bob"):
         seen = owners(tstore, user, "what is my dog called, and the dog camera")
         assert seen == {user, None}, seen
-    result = recall(tstore, "alice", "my dog", touch=False, include_superseded=True)
+    result = recall(tstore, "alice", "my dog", include_superseded=True)
     assert pair["alice_dog"] in result.ids() and pair["bob_dog"] not in result.ids()
     # The raw key, no filter at all in the query: DLS alone decides.
     alice = tstore.read_client("alice")

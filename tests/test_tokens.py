@@ -20,15 +20,15 @@ import pytest
 from elasticsearch import AuthenticationException
 
 from atlas.cli import app
-from atlas.core import tenancy, tokens
-from atlas.core import constants as C
-from atlas.core.config import read_secret
-from atlas.core.connection import AtlasClient
+from atlas.security import tenancy, tokens
+from atlas import constants as C
+from atlas.security.secrets import read_secret
+from atlas.security.connection import AtlasClient
 from atlas.core.errors import AuthError, NotFound
 from atlas.core.memory import write_memory
 from atlas.core.schemas import index_name
 from atlas.core.store import Store
-from atlas.core.tenancy import authenticate_user_key, build_role_descriptor, create_user_key, revoke_user_key
+from atlas.security.tenancy import authenticate_user_key, build_role_descriptor, create_user_key, revoke_user_key
 from atlas.serve.mcp_server import BackgroundServer, call_remote, create_app
 
 from .test_mcp import run
@@ -78,7 +78,7 @@ def test_a_dls_key_leaks_term_statistics_so_tenants_get_tokens(tstore):
         tstore.es.options(api_key=issued.secret).security.authenticate()
     with pytest.raises(AuthenticationException):
         tstore.es.options(bearer_auth=issued.secret).security.authenticate()
-    stored = read_secret(tokens.tokens_path(tstore.settings))[tstore.prefix][issued.token.id]
+    stored = read_secret(tokens_path(tstore.settings))[tstore.prefix][issued.token.id]
     assert issued.secret not in str(stored) and len(stored["sha256"]) == 64
 
 

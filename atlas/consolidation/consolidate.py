@@ -30,6 +30,7 @@ from elasticsearch import NotFoundError
 from pydantic import ValidationError as PydanticError
 from tqdm.auto import tqdm
 
+from atlas import constants as C
 from atlas.consolidation.proposers import (
     PROPOSAL,
     Batch,
@@ -43,7 +44,6 @@ from atlas.consolidation.proposers import (
     RuleProposer,
     Similarity,
 )
-from atlas.core import constants as C
 from atlas.core.clock import es_date
 from atlas.core.documents import VECTOR_FIELDS, build_document, prove_ownership, update_owned
 from atlas.core.errors import AtlasError, ConflictError, NotFound, ValidationError
@@ -287,7 +287,7 @@ class Guards:
     def duplicate_of(self, fact: FactProposal) -> str | None:
         """The current fact (by hybrid recall) or earlier proposal of this run that says the same thing."""
         hits = recall(self.store, self.batch.user_id, clip_query(fact.text), k=C.RECALL_K, types=("semantic",),
-                      mode="hybrid", touch=False).hits
+                      mode="hybrid").hits
         candidates = [h.text for h in hits if h.current and h.id not in fact.supersedes_id] + self.accepted_facts
         if not candidates:
             return None

@@ -23,11 +23,10 @@ from openai import OpenAI
 from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.config import Settings, load_settings
-from atlas.core.errors import LLMError
 from atlas.core.passages import SENTENCE_END
-from atlas.serve.llm import bullets, complete, llm_client, not_configured_message
+from atlas.models.llm import LLMError, bullets, complete, llm_client, not_configured_message
 
 # --- the batch a proposer sees -------------------------------------------------------------
 

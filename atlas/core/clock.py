@@ -10,7 +10,7 @@ import calendar
 import re
 from datetime import UTC, datetime, timedelta
 
-from atlas.core import constants as C
+from atlas import constants as C
 
 
 def utcnow() -> datetime:

@@ -1,22 +1,18 @@
-"""Where Atlas finds its cluster, its secrets and its caches: environment first, then defaults.
+"""Where Atlas finds its cluster, its secrets folder and its caches: environment first, then defaults.
 
-Tuning constants are not here (see `atlas.core.constants`); this module only answers
+Tuning constants are not here (see `atlas.constants`); this module only answers
 "which cluster, which credentials, which folders, which models".
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from atlas.core import constants as C
-from atlas.core.constants import DEFAULT_EMBEDDER, DEFAULT_INDEX_PREFIX, DEFAULT_RERANKER, SERVICE_PRINCIPAL
+from atlas import constants as C
+from atlas.constants import DEFAULT_EMBEDDER, DEFAULT_INDEX_PREFIX, DEFAULT_RERANKER, SERVICE_PRINCIPAL
 
 #: The checkout the package runs from (an editable install): its data/, results/ and es-plugin/.
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +24,7 @@ def _find_home() -> Path:
         return Path(env).resolve()
     here = Path.cwd().resolve()
     for folder in (here, *here.parents):
-        if (folder / ".atlas").is_dir() or (folder / "atlas" / "core" / "constants.py").is_file():
+        if (folder / ".atlas").is_dir() or (folder / "atlas" / "constants.py").is_file():
             return folder
     return Path.home() / ".atlas-home"
 
@@ -163,34 +159,3 @@ def load_settings(**overrides: object) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)
-
-
-def write_secret(path: Path, data: dict) -> None:
-    """Write a JSON secret file readable by its owner only (folder 0700, file 0600), atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.parent.chmod(0o700)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600, unique per writer
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle, indent=2)
-    os.replace(tmp, path)
-
-
-def read_secret(path: Path) -> dict | None:
-    """The JSON secret at `path`, or None when it does not exist."""
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-
-
-def update_secret(path: Path, change: Callable[[dict], object]) -> dict:
-    """Read-modify-write a secret file under an exclusive lock, so concurrent writers (threads,
-    processes, a CLI beside a notebook) never lose each other's entries."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.parent.chmod(0o700)
-    with open(path.parent / f".{path.name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        data = read_secret(path) or {}
-        change(data)
-        write_secret(path, data)
-    return data

@@ -9,14 +9,15 @@ cluster has no script engine, so every change is read-modify-write with retries.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Protocol
 
 from elasticsearch import ConflictError as ESConflict
-from elasticsearch import NotFoundError
+from elasticsearch import Elasticsearch, NotFoundError
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.clock import es_date
 from atlas.core.errors import ConflictError, NotFound
 from atlas.core.passages import passage_sentences, passage_text
@@ -175,3 +176,43 @@ def update_owned(store: Store, user_id: str, doc: Owned, change: Callable[[dict]
         except NotFoundError:
             raise NotFound(f"memory {doc.id} was deleted meanwhile") from None
     raise ConflictError(f"memory {doc.id} kept changing under {C.OCC_RETRIES} attempts; retry later")
+
+
+# --- paging -------------------------------------------------------------------------------------
+
+
+def build_page_body(pit: str, query: dict, after: list | None, *, size: int, source: bool | dict) -> dict:
+    """One page of a point-in-time search in index order, after the previous page's last sort values."""
+    body: dict = {"pit": {"id": pit, "keep_alive": C.PIT_KEEP_ALIVE}, "query": query,
+                  "sort": [{"_shard_doc": "asc"}], "size": size, "_source": source}
+    if after is not None:
+        body["search_after"] = after
+    return body
+
+
+class Client(Protocol):
+    """Whatever holds the service client: a `Store`, or a scope that loads no models."""
+
+    @property
+    def es(self) -> Elasticsearch: ...
+
+
+def pages(scope: Client, indices: list[str], query: dict, *, source: bool | dict,
+          batch: int = C.PRIVACY_BATCH) -> Iterator[list[dict]]:
+    """Pages of the hits of `query` (service credential), all from one point in time: deleting a page's
+    hits does not shift the next page. Refreshes first, so a document written just before is seen."""
+    names = ",".join(indices)
+    scope.es.indices.refresh(index=names, ignore_unavailable=True)
+    pit = scope.es.open_point_in_time(index=names, keep_alive=C.PIT_KEEP_ALIVE, ignore_unavailable=True)["id"]
+    after: list | None = None
+    try:
+        while True:
+            page = scope.es.search(**build_page_body(pit, query, after, size=batch, source=source))
+            pit = page.get("pit_id", pit)
+            hits = page["hits"]["hits"]
+            if not hits:
+                return
+            yield hits
+            after = hits[-1]["sort"]
+    finally:
+        scope.es.close_point_in_time(id=pit)

@@ -7,10 +7,6 @@ class AtlasError(Exception):
     """Base of every error Atlas raises; messages say what to do."""
 
 
-class ClusterError(AtlasError):
-    """The local Elasticsearch node could not be fetched, configured, started or stopped."""
-
-
 class ConnectionFailed(AtlasError):
     """The cluster is down, refuses the credentials, or speaks another major version."""
 
@@ -61,7 +57,3 @@ class SchemaMismatch(AtlasError):
 
 class AuthError(AtlasError, PermissionError):
     """A credential is missing, revoked, expired, or belongs to another user."""
-
-
-class LLMError(AtlasError):
-    """The configured OpenAI-compatible endpoint failed or returned something unusable."""

@@ -9,11 +9,10 @@ Elasticsearch. Both are a few lines of arithmetic over ranks and scores.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import zip_longest
 
 import numpy as np
 
-from atlas.core import constants as C
+from atlas import constants as C
 
 
 def rrf_fuse(rankings: dict[str, list[str]], *,
@@ -35,30 +34,6 @@ def zscore(values: np.ndarray) -> np.ndarray:
     return (values - values.mean()) / std if std > 1e-9 else np.zeros_like(values)
 
 
-def minmax(values: np.ndarray) -> np.ndarray:
-    """Rescale within the pool to [0, 1], the terms of a convex combination."""
-    span = float(values.max() - values.min())
-    return (values - values.min()) / span if span > 1e-12 else np.zeros_like(values)
-
-
-def score_fuse(scores: dict[str, dict[str, float]], weights: dict[str, float], *,
-               normalise: C.ScoreNormalisation) -> list[tuple[str, float]]:
-    """Weighted sum of each path's normalised scores: [(key, score)], best first; ties keep first-seen order.
-
-    A path's scores are normalised over the candidates it returned (`zscore` or `minmax`); a candidate a path
-    did not return gets that path's lowest normalised score, as if it ranked just below its window.
-    """
-    keys = list(dict.fromkeys(key for path in scores.values() for key in path))
-    total = np.zeros(len(keys))
-    for path, found in scores.items():
-        scale = zscore if normalise == "zscore" else minmax
-        normalised = dict(zip(found, scale(np.asarray(list(found.values()), dtype=float)), strict=True))
-        floor = min(normalised.values(), default=0.0)
-        total += weights[path] * np.asarray([normalised.get(key, floor) for key in keys])
-    order = sorted(range(len(keys)), key=lambda i: -total[i])
-    return [(keys[i], float(total[i])) for i in order]
-
-
 def combine(rrf: np.ndarray, second: np.ndarray, *, rrf_weight: float = C.RERANK_RRF_WEIGHT) -> np.ndarray:
     """The final score of each candidate in the pool: rrf_weight * z(rrf) + z(second).
 
@@ -67,11 +42,24 @@ def combine(rrf: np.ndarray, second: np.ndarray, *, rrf_weight: float = C.RERANK
     return rrf_weight * zscore(rrf) + zscore(second)
 
 
-def interleave(ranked: Sequence[str], groups: Sequence[Sequence[str]], *, keep: int) -> list[str]:
-    """The first `keep` of `ranked`, then the groups' keys in turns (each group's first, then each one's second,
-    ...), then the rest of `ranked`: every key once, at its first place."""
-    out = dict.fromkeys(ranked[:keep])
-    for tier in zip_longest(*groups):
-        out.update(dict.fromkeys(key for key in tier if key is not None))
-    out.update(dict.fromkeys(ranked))
-    return list(out)
+def held(cosines: np.ndarray, hubs: Sequence[float | None], *, penalty: float = C.HUB_PENALTY) -> np.ndarray:
+    """The second stage's cosines lowered by `penalty` x each candidate's hubness; a candidate without one counts
+    as the mean of the others (nothing changes when none has one)."""
+    known = [h for h in hubs if h is not None]
+    if not known or not penalty:
+        return cosines
+    mean = float(np.mean(known))
+    return cosines - penalty * np.asarray([mean if h is None else h for h in hubs], dtype=cosines.dtype)
+
+
+def rank_pool(fused: Sequence[float], second: np.ndarray, hubs: Sequence[float | None], keys: Sequence[str], *,
+              rrf_weight: float = C.RERANK_RRF_WEIGHT, hub_penalty: float = C.HUB_PENALTY
+              ) -> tuple[list[int], np.ndarray]:
+    """The second stage's order of a pool: (indices best first, each candidate's held score).
+
+    A candidate's final value is `combine` of its fused score and its second-stage score less `hub_penalty` x its
+    hubness (`held`); ties keep the fused order. Pure, so `recall` and the research replays rank alike.
+    """
+    held_scores = held(np.asarray(second), hubs, penalty=hub_penalty)
+    final = combine(np.asarray(fused), held_scores, rrf_weight=rrf_weight)
+    return sorted(range(len(keys)), key=lambda i: -final[i]), held_scores

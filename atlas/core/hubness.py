@@ -6,7 +6,7 @@ fill the top of a list, most of all for a question whose answer is spread over m
 `hubness` is the mean cosine of its HUB_NEIGHBOURS most similar memories of the same owner (the second model's
 vectors, `rerank_embedding`); the embedding second stage scores a candidate by its cosine to the question minus
 HUB_PENALTY x hubness, the local scaling of cross-domain similarity (CSLS) applied to one side
-(`atlas.core.recall`; measured in docs/evaluation.md, change 15).
+(`atlas.core.fusion.held`; measured in docs/evaluation.md).
 
 Hubness depends on the owner's other memories, so it is computed for all of them at once: by a load before it
 indexes (`attach_hubness`; a load writes each document once) and by consolidation afterwards (`refresh_hubness`),
@@ -15,15 +15,12 @@ not on each write. A memory written since has none and counts as the pool's aver
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 from elasticsearch import helpers
 
-from atlas.core import constants as C
-from atlas.core.documents import embed_documents
+from atlas import constants as C
+from atlas.core.documents import embed_documents, pages
 from atlas.core.errors import AtlasError
-from atlas.core.privacy import pages
 from atlas.core.schemas import build_sole_owner_filter, index_name
 from atlas.core.store import Store
 from atlas.core.validation import check_user
@@ -45,16 +42,6 @@ def hubness(vectors: np.ndarray, *, neighbours: int = C.HUB_NEIGHBOURS) -> np.nd
         block[np.arange(len(block)), np.arange(start, start + len(block))] = -np.inf  # not its own neighbour
         out[start:start + _BLOCK] = np.partition(block, count - take, axis=1)[:, count - take:].mean(axis=1)
     return out
-
-
-def held(cosines: np.ndarray, hubs: Sequence[float | None], *, penalty: float = C.HUB_PENALTY) -> np.ndarray:
-    """The second stage's cosines lowered by `penalty` x each candidate's hubness; a candidate without one counts
-    as the mean of the others (nothing changes when none has one)."""
-    known = [h for h in hubs if h is not None]
-    if not known or not penalty:
-        return cosines
-    mean = float(np.mean(known))
-    return cosines - penalty * np.asarray([mean if h is None else h for h in hubs], dtype=cosines.dtype)
 
 
 def stored(values: np.ndarray) -> list[float]:
@@ -109,7 +96,7 @@ def refresh_hubness(store: Store, user_id: str | None) -> int:
     values = stored(hubness(np.asarray([hit["_source"]["rerank_embedding"] for hit in hits], dtype=np.float32)))
     updates = [{"_op_type": "update", "_index": hit["_index"], "_id": hit["_id"], "routing": hit.get("_routing"),
                 "doc": {"hubness": value}} for hit, value in zip(hits, values, strict=True)]
-    written, failed = helpers.bulk(store.es, updates, refresh=False, raise_on_error=False)
+    written, failed = helpers.bulk(store.es, updates, refresh=True, raise_on_error=False)  # recall searches for it
     if errors := failed if isinstance(failed, list) else []:
         first = errors[0].get("update", {})
         raise AtlasError(f"hubness: {len(errors)} of {len(updates)} memories were not updated (first: "

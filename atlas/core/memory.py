@@ -16,7 +16,7 @@ from typing import TypedDict
 from elasticsearch import ApiError, TransportError, helpers
 from tqdm.auto import tqdm
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.clock import as_utc, es_date
 from atlas.core.documents import (
     Owned,

@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 from typing import TypeVar
 
-from atlas.core import constants as C
+from atlas import constants as C
 
 #: Where a sentence ends: ., ! or ? before white space.
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")

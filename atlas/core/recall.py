@@ -5,10 +5,13 @@ top `window`, and a document's fused score is the sum over paths of 1 / (rank_co
 The BM25 path multiplies its scores by recency, use and priors (`atlas.core.scoring`); the kNN
 path ranks by similarity alone, times only the boost of a period the question names (see
 `build_knn_body`).
-The second stage (`atlas.models.rerank`) re-scores the top `pool` of the fused list; the embedding stage holds
-each candidate's hubness against it (`atlas.core.hubness`).
+The second stage (`atlas.models.rerank`) re-scores the top `pool` of the fused list (`fusion.rank_pool`); the
+embedding stage holds each candidate's hubness against it (`atlas.core.hubness`). The one `_msearch` returns what
+the second stage reads (the stored `rerank_embedding` and `hubness`), so recall makes no other round trip, except
+`settle_supersessions`' search by id when a hit has retired something.
 Every request body is built by a pure function, so a notebook can print it and paste
-it into Kibana Dev Tools.
+it into Kibana Dev Tools. A recall only reads: recording the use of the facts it returned is the caller's step
+(`record_recall`), which the agent loop and the MCP tools take.
 """
 
 from __future__ import annotations
@@ -18,30 +21,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 import numpy as np
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.clock import Period, mentioned_period
 from atlas.core.documents import VECTOR_FIELDS, Owned
 from atlas.core.errors import AtlasError, ValidationError
-from atlas.core.fusion import combine, interleave, rrf_fuse
-from atlas.core.hubness import held
+from atlas.core.fusion import rank_pool, rrf_fuse
 from atlas.core.memory import record_use
 from atlas.core.schemas import archive_name, build_owner_filter, searchable
 from atlas.core.scoring import ScoringParams, build_scored_query, period_functions
 from atlas.core.store import Store
-from atlas.core.validation import (
-    check_choice,
-    check_flag,
-    check_k,
-    check_number,
-    check_query,
-    check_types,
-    check_user,
-    check_when,
-)
+from atlas.core.validation import check_choice, check_flag, check_k, check_number, check_query, check_types, check_user
 
 
 @dataclass
@@ -57,21 +49,27 @@ class Hit:
     ranks: dict[str, int]
     #: Each of those paths' own `_score`: BM25 times the multipliers; kNN (1 + cosine) / 2, times a period boost.
     path_scores: dict[str, float]
-    rrf: float
-    #: The second stage's own score (None when it did not run); `score` is what ranks.
-    second_stage_score: float | None
+    #: The fused score: the sum over the paths that found it of 1 / (RRF_RANK_CONSTANT + rank), so at most
+    #: 2 / 31 with two paths. It means the same in every mode and for every pool size. The hits are in its order
+    #: unless the second stage ran, which may reorder the top of the list (`second_stage_score`).
     score: float
+    #: The second stage's own score (None when it did not run): the embedding stage's cosine to the query minus
+    #: HUB_PENALTY x hubness, a cross-encoder's logit, or an endpoint's relevance.
+    second_stage_score: float | None
     superseded_by: str | None
     superseded_at: str | None
     source: dict = field(repr=False)
-    #: The memory's `hubness` the embedding second stage held against it (`atlas.core.hubness`), if it had one.
-    hubness: float | None = None
     seq_no: int = field(default=-1, repr=False)
     primary_term: int = field(default=-1, repr=False)
 
     @property
     def current(self) -> bool:
         return self.superseded_by is None
+
+    @property
+    def hubness(self) -> float | None:
+        """The memory's `hubness` (`atlas.core.hubness`), which the embedding second stage holds against it."""
+        return self.source.get("hubness")
 
 
 @dataclass
@@ -85,8 +83,8 @@ class RecallResult:
     #: Said when something fell back (e.g. "second stage failed: ...; RRF order").
     note: str | None
     #: Seconds spent in query embedding ("embed"), the `_msearch` ("es"), fusion ("fusion") and the second stage
-    #: ("second"), and within them: each path's search on the server ("took_<path>", from the response's `took`),
-    #: the check of in-flight supersessions ("settle") and the second stage's `mget` of stored vectors ("mget").
+    #: ("second"), and within them: each path's search on the server ("took_<path>", from the response's `took`)
+    #: and the check of in-flight supersessions ("settle").
     timings: dict[str, float]
     #: The `_msearch` body, header and search per path.
     requests: list[dict]
@@ -163,17 +161,20 @@ def paths_of(mode: C.RecallMode) -> tuple[str, ...]:
 def build_recall_requests(store: Store, user_id: str, query: str, *, mode: C.RecallMode,
                           types: Sequence[C.MemoryType], include_superseded: bool, now: datetime,
                           params: ScoringParams, window: int, query_vector: Sequence[float] | None,
-                          period: Period | None = None, routed: bool = True,
-                          session_id: str | None = None) -> list[dict]:
+                          period: Period | None = None, routed: bool = True, session_id: str | None = None,
+                          second_stage_fields: bool = False) -> list[dict]:
     """[{"path", "header", "body"}] of one `_msearch`: one search per retrieval path.
 
     `routed` searches only the user's shard of each index (`routing=user_id`, where all of the user's
     documents live, `documents.routing_of`); without, every shard is asked (the benchmark's comparison).
-    `session_id` restricts every path to that session (`build_session_requests`)."""
+    `session_id` restricts every path to that session. `second_stage_fields` returns each hit's stored
+    `rerank_embedding` too (the embedding second stage reads it; `hubness` is always in `_source`)."""
     header = {"index": recall_indices(store, types, include_superseded),
               **({"routing": user_id} if routed else {}), "ignore_unavailable": True}
     filters = build_filters(store.prefix, user_id, code_filter=store.code_filter, include_superseded=include_superseded,
                             session_id=session_id)
+    source = ({"exclude_vectors": False, "excludes": [f for f in VECTOR_FIELDS if f != "rerank_embedding"]}
+              if second_stage_fields else {"excludes": list(VECTOR_FIELDS)})
     requests = []
     for path in paths_of(mode):
         if path == "bm25":
@@ -182,17 +183,8 @@ def build_recall_requests(store: Store, user_id: str, query: str, *, mode: C.Rec
             raise ValidationError(f"mode {mode} searches by kNN: pass the query_vector")
         else:
             body = build_knn_body(query_vector, filters, params, window, period=period)
-        requests.append({"path": path, "header": header, "body": body})
+        requests.append({"path": path, "header": header, "body": body | {"_source": source}})
     return requests
-
-
-def build_session_requests(store: Store, user_id: str, query: str, sessions: Sequence[str], *, turns: int,
-                           **options: Any) -> list[dict]:
-    """The session pass's `_msearch`: each path's search again within each of `sessions`, `turns` hits each.
-
-    A request's path is "<path>@<session id>"; `options` are `build_recall_requests`'s."""
-    return [request | {"path": f"{request['path']}@{session}"} for session in sessions
-            for request in build_recall_requests(store, user_id, query, window=turns, session_id=session, **options)]
 
 
 def to_kibana(requests: list[dict]) -> str:
@@ -203,8 +195,8 @@ def to_kibana(requests: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _msearch(store: Store, user_id: str, requests: list[dict], *, timings: dict[str, float] | None = None
-             ) -> tuple[dict[str, dict], dict[str, list[str]], dict[str, dict[str, float]]]:
+def search(store: Store, user_id: str, requests: list[dict], *, timings: dict[str, float] | None = None
+           ) -> tuple[dict[str, dict], dict[str, list[str]], dict[str, dict[str, float]]]:
     """Send `requests` as one `_msearch`: ({key: raw hit}, {path: [key, ...]}, {key: {path: _score}}),
     a key being "<index>/<id>"; each path's server time goes into `timings` as "took_<path>" (seconds)."""
     searches = [part for r in requests for part in (r["header"], r["body"])]
@@ -228,11 +220,11 @@ def _msearch(store: Store, user_id: str, requests: list[dict], *, timings: dict[
     return raw, rankings, path_scores
 
 
-def _hit(raw: dict, ranks: dict[str, int], path_scores: dict[str, float], rrf: float) -> Hit:
+def _hit(raw: dict, ranks: dict[str, int], path_scores: dict[str, float], score: float) -> Hit:
     source = raw["_source"]
     return Hit(id=raw["_id"], index=raw["_index"], memory_type=source.get("memory_type", ""),
                text=source.get("text", ""), user_id=source.get("user_id"), ranks=ranks, path_scores=path_scores,
-               rrf=rrf, second_stage_score=None, score=rrf, superseded_by=source.get("superseded_by"),
+               score=score, second_stage_score=None, superseded_by=source.get("superseded_by"),
                superseded_at=source.get("superseded_at"), source=source, seq_no=raw.get("_seq_no", -1),
                primary_term=raw.get("_primary_term", -1))
 
@@ -258,116 +250,94 @@ def settle_supersessions(store: Store, user_id: str, hits: list[Hit]) -> list[Hi
 # --- the second stage -------------------------------------------------------------------------
 
 
-def _second_stage(store: Store, user_id: str, query: str, pool: list[Hit], rrf_weight: float, hub_penalty: float,
-                  timings: dict[str, float]) -> None:
-    """Re-score `pool` in place (`combine`); `Hit.second_stage_score` keeps the stage's own score; the `mget` of
-    stored vectors is timed as "mget". The embedding stage's cosines are lowered by `hub_penalty` x each
-    candidate's `hubness` (`atlas.core.hubness`; a candidate without one counts as the pool's mean)."""
+def _second_stage(store: Store, query: str, pool: list[Hit], tuning: Tuning) -> list[Hit]:
+    """`pool` in the second stage's order (`fusion.rank_pool`), each hit's `second_stage_score` set. The embedding
+    stage reads the vectors the `_msearch` returned; its cosines are lowered by `hub_penalty` x each candidate's
+    `hubness` (a candidate without one counts as the pool's mean)."""
     stage = store.second_stage
     assert stage is not None
     vectors = None
     if stage.embedder is not None:
-        started = time.perf_counter()
-        docs = store.read_client(user_id).mget(docs=[{"_index": h.index, "_id": h.id, "routing": user_id}
-                                                     for h in pool],
-                                               source_includes=["rerank_embedding", "hubness"])["docs"]
-        timings["mget"] = time.perf_counter() - started
         try:
-            vectors = np.asarray([d["_source"]["rerank_embedding"] for d in docs], dtype=np.float32)
+            vectors = np.asarray([h.source["rerank_embedding"] for h in pool], dtype=np.float32)
         except KeyError:
             raise AtlasError("a candidate has no stored rerank_embedding "
                              "(written before the second stage was set up)") from None
-        for hit, doc in zip(pool, docs, strict=True):
-            hit.hubness = doc["_source"].get("hubness")
     scores = stage.scores(query, [h.text for h in pool], vectors)
-    # Hubness is a cosine, read (above) only for the embedding stage: another stage's scores are left as they are.
-    combined = combine(np.asarray([h.rrf for h in pool]), held(scores, [h.hubness for h in pool], penalty=hub_penalty),
-                       rrf_weight=rrf_weight)
-    for hit, second, final in zip(pool, scores, combined, strict=True):
-        hit.second_stage_score, hit.score = float(second), float(final)
-    pool.sort(key=lambda h: -h.score)
-
-
-# --- the session pass -------------------------------------------------------------------------
-
-
-def _session_pass(store: Store, user_id: str, query: str, hits: list[Hit], *, sessions: int, turns: int, keep: int,
-                  k: int, rank_constant: int, **options: Any) -> list[Hit]:
-    """Search the sessions of the first `k` hits again, each on its own, and interleave their best turns after the
-    first `keep` hits (`atlas.core.fusion.interleave`).
-
-    In a session's own search both paths rank only its turns, so a turn fair in both (places 60 and 120 of the
-    whole memory) can come first in its session. A turn the first pass did not return enters with its ranks and
-    RRF score in its session (paths "bm25@<session id>", "dense@<session id>"). Every hit keeps its own `score`,
-    so the order is by place, no longer by score.
-    """
-    found = list(dict.fromkeys(session for hit in hits[:k] if (session := hit.source.get("session_id"))))[:sessions]
-    if not found:
-        return hits
-    raw, rankings, path_scores = _msearch(store, user_id, build_session_requests(
-        store, user_id, query, found, turns=turns, types=("episodic",), include_superseded=False, **options))
-    known = {f"{hit.index}/{hit.id}": hit for hit in hits}
-    groups = []
-    for session in found:
-        fused = rrf_fuse({path: keys for path, keys in rankings.items() if path.endswith(f"@{session}")},
-                         rank_constant=rank_constant)
-        for key, score, ranks in fused:
-            known.setdefault(key, _hit(raw[key], ranks, path_scores[key], score))
-        groups.append([key for key, _, _ in fused])
-    return [known[key] for key in interleave([f"{hit.index}/{hit.id}" for hit in hits], groups, keep=keep)]
+    # Hubness is a cosine, held only against the embedding stage's cosines: another stage's scores stay as they are.
+    hubs = [h.source.get("hubness") if vectors is not None else None for h in pool]
+    order, held_scores = rank_pool([h.score for h in pool], scores, hubs, [f"{h.index}/{h.id}" for h in pool],
+                                   rrf_weight=tuning.rrf_weight, hub_penalty=tuning.hub_penalty)
+    for hit, value in zip(pool, held_scores, strict=True):
+        hit.second_stage_score = float(value)
+    return [pool[i] for i in order]
 
 
 # --- recall ------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Tuning:
+    """Recall's research knobs, each at its measured default (docs/evaluation.md): what to change to study recall,
+    not to use it."""
+
+    #: Candidates taken from each retrieval path before fusion.
+    window: int = C.RRF_WINDOW
+    rank_constant: int = C.RRF_RANK_CONSTANT
+    #: How many of the fused list the second stage re-scores, and how much the fused rank weighs against it.
+    pool: int = C.RERANK_POOL
+    rrf_weight: float = C.RERANK_RRF_WEIGHT
+    #: How much a candidate's hubness lowers the embedding stage's cosine (0: off).
+    hub_penalty: float = C.HUB_PENALTY
+    #: Read only the user's shard of each index (`build_recall_requests`); off asks every shard.
+    routed: bool = True
+
+    def checked(self) -> Tuning:
+        for value, what in ((self.window, "window"), (self.pool, "pool"), (self.rank_constant, "rank_constant")):
+            check_k(value, limit=10_000, what=what)
+        check_number(self.rrf_weight, low=0, high=10, what="rrf_weight")
+        check_number(self.hub_penalty, low=0, high=10, what="hub_penalty")
+        check_flag(self.routed, "routed")
+        return self
+
+
+DEFAULT_TUNING = Tuning()
+
+
 def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequence[C.MemoryType] | None = None,
            include_superseded: bool = False, mode: C.RecallMode = C.DEFAULT_RECALL_MODE,
-           now: datetime | None = None, params: ScoringParams | None = None, window: int = C.RRF_WINDOW,
-           rank_constant: int = C.RRF_RANK_CONSTANT, pool: int = C.RERANK_POOL,
-           rrf_weight: float = C.RERANK_RRF_WEIGHT, hub_penalty: float = C.HUB_PENALTY, touch: bool | None = None,
-           routed: bool = True,
-           sessions: int = C.SESSION_PASS, session_turns: int = C.SESSION_PASS_TURNS,
-           session_keep: int = C.SESSION_PASS_KEEP) -> RecallResult:
+           tuning: Tuning = DEFAULT_TUNING) -> RecallResult:
     """The user's memories (and catalog items) most relevant to `query`, best first.
 
-    Reads go through the user's own client. `touch` refreshes `last_used_at` and bumps
-    `use_count` of the current semantic facts returned (evaluations turn it off; `store.touch` when not
-    given, so a server's recalls follow its store); `routed` reads only the
-    user's shard of each index (`build_recall_requests`). `sessions` (0: off) runs the session pass over the
-    sessions of the first `k` hits (`_session_pass`; a second `_msearch`). `hub_penalty` (0: off) weighs the
-    candidates' hubness in the embedding second stage (`atlas.core.hubness`). A query longer
-    than `MAX_QUERY_CHARS` is refused: search a stored text with `clip_query`.
+    Reads go through the user's own client, at the store's clock (`store.now`; `Store.at` fixes it), with the
+    store's scoring parameters. It only reads: `record_recall` counts the facts it returned as used. A query
+    longer than `MAX_QUERY_CHARS` is refused: search a stored text with `clip_query`.
     """
     check_user(user_id)
     check_query(query)
     check_k(k)
     check_choice(mode, C.RECALL_MODES, "mode")
     checked_types = check_types(types)
-    for value, what in ((window, "window"), (pool, "pool"), (rank_constant, "rank_constant")):
-        check_k(value, limit=10_000, what=what)
-    for value, what in ((sessions, "sessions"), (session_turns, "session_turns"), (session_keep, "session_keep")):
-        check_k(value, limit=C.MAX_K, what=what, low=0)
     check_flag(include_superseded, "include_superseded")
-    touch = store.touch if touch is None else check_flag(touch, "touch")
-    check_flag(routed, "routed")
-    check_number(hub_penalty, low=0, high=10, what="hub_penalty")
-    now = check_when(now, "now") if now is not None else store.now()
-    params = params or store.params
-    timings = {"embed": 0.0, "es": 0.0, "fusion": 0.0, "second": 0.0, "sessions": 0.0}
+    tuning.checked()
+    now = store.now()
+    timings = {"embed": 0.0, "es": 0.0, "fusion": 0.0, "second": 0.0}
     started = time.perf_counter()
     query_vector = store.embedder.embed_queries([query])[0] if mode != "bm25" else None
     timings["embed"] = time.perf_counter() - started
     period = mentioned_period(query, now)
+    stage = store.second_stage if mode == "hybrid+rerank" else None
     requests = build_recall_requests(store, user_id, query, mode=mode, types=checked_types,
-                                     include_superseded=include_superseded, now=now, params=params,
-                                     window=max(window, k), query_vector=query_vector, period=period,
-                                     routed=routed)
+                                     include_superseded=include_superseded, now=now, params=store.params,
+                                     window=max(tuning.window, k), query_vector=query_vector, period=period,
+                                     routed=tuning.routed,
+                                     second_stage_fields=stage is not None and stage.embedder is not None)
     started = time.perf_counter()
-    raw, rankings, path_scores = _msearch(store, user_id, requests, timings=timings)
+    raw, rankings, path_scores = search(store, user_id, requests, timings=timings)
     timings["es"] = time.perf_counter() - started
     started = time.perf_counter()
     hits = [_hit(raw[key], ranks, path_scores[key], score)
-            for key, score, ranks in rrf_fuse(rankings, rank_constant=rank_constant)]
+            for key, score, ranks in rrf_fuse(rankings, rank_constant=tuning.rank_constant)]
     if not include_superseded:
         settling = time.perf_counter()
         hits = settle_supersessions(store, user_id, hits)
@@ -379,26 +349,23 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
             note = "no second stage configured: RRF order"
         else:
             started = time.perf_counter()
-            head = hits[:pool]
             try:
-                _second_stage(store, user_id, query, head, rrf_weight, hub_penalty, timings)
+                hits = _second_stage(store, query, hits[:tuning.pool], tuning) + hits[tuning.pool:]
                 stage_name = store.second_stage.name
-                hits = head + hits[pool:]
             except AtlasError as exc:
                 note = f"second stage failed ({exc}): RRF order"
             timings["second"] = time.perf_counter() - started
-    if sessions and session_turns and "episodic" in checked_types and hits:
-        started = time.perf_counter()
-        hits = _session_pass(store, user_id, query, hits, sessions=sessions, turns=session_turns, keep=session_keep,
-                             k=k, rank_constant=rank_constant, mode=mode, now=now, params=params,
-                             query_vector=query_vector, period=period, routed=routed)
-        timings["sessions"] = time.perf_counter() - started
-    hits = hits[:k]
-    if touch:
-        facts = [Owned(h.id, h.index, h.source, h.seq_no, h.primary_term) for h in hits
-                 if h.memory_type == "semantic" and h.current and h.user_id == user_id]
-        record_use(store, user_id, facts)
-    return RecallResult(user_id, query, mode, hits, stage_name, note, timings, requests, period)
+    for hit in hits:
+        hit.source.pop("rerank_embedding", None)
+    return RecallResult(user_id, query, mode, hits[:k], stage_name, note, timings, requests, period)
+
+
+def record_recall(store: Store, result: RecallResult) -> None:
+    """Count the recall as a use of the user's own current facts it returned (`memory.record_use`): the step the
+    agent loop and the MCP tools take after a recall, so that facts in use decay slower."""
+    facts = [Owned(h.id, h.index, h.source, h.seq_no, h.primary_term) for h in result.hits
+             if h.memory_type == "semantic" and h.current and h.user_id == result.user_id]
+    record_use(store, result.user_id, facts)
 
 
 def clip_query(text: str, *, limit: int = C.MAX_QUERY_CHARS) -> str:

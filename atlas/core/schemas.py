@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from elasticsearch import ApiError, Elasticsearch
 
-from atlas.core.constants import (
+from atlas.constants import (
     ARCHIVE_SUFFIX,
     BBQ_MIN_DIMS,
     BBQ_OVERSAMPLE,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.clock import Period, es_date
 from atlas.core.errors import ValidationError
 

@@ -1,28 +1,26 @@
 """`Store`: the handles every layer needs (clients, index prefix, models, clock) in one place.
 
-Writes go through the service credential; reads go through `reader(user)`, which the
-tenancy layer points at the user's own DLS-restricted API key. The core knows its two models
-only by the protocols below; `atlas.models` implements them and `atlas.stack.open_store` picks
+Writes go through the service credential; reads go through `reader(user)`. That and `provision` and `forget`
+are the tenancy hook: `atlas.security.tenancy` points them at the user's own DLS-restricted API key. The core
+knows its two models only by the protocols below; `atlas.models` implements them and `atlas.stack.open_store` picks
 them from the settings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 from elasticsearch import Elasticsearch
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.clock import utcnow
 from atlas.core.config import Settings, load_settings
 from atlas.core.schemas import all_indices, drop_indices
 from atlas.core.scoring import DEFAULT_PARAMS, ScoringParams
-from atlas.core.tenancy import forget_prefix_keys
-from atlas.core.tokens import forget_prefix_tokens
 
 
 @runtime_checkable
@@ -70,6 +68,8 @@ class Store:
     reader: Callable[[str], Elasticsearch] | None = None
     #: Called before a user's write; tenancy creates the user's read key there on first use.
     provision: Callable[[str], None] | None = None
+    #: Called by `drop`; tenancy invalidates the prefix's user keys and forgets its tokens there.
+    forget: Callable[[], None] | None = None
     #: Second guard: every query also filters on user_id. Off only to prove DLS alone holds.
     code_filter: bool = True
     params: ScoringParams = DEFAULT_PARAMS
@@ -80,6 +80,13 @@ class Store:
     #: as the leak sweep, which must not change what it measures).
     touch: bool = True
     settings: Settings = field(default_factory=load_settings)
+    #: Whether the memory tools count a recall as a use of the facts it returned (`recall.record_recall`); off for
+    #: an audit such as the leak sweep, which must not change what it measures. `recall` itself only reads.
+    record_use: bool = True
+
+    def at(self, when: datetime) -> Store:
+        """The same store with its clock stopped at `when`: what a recall or write made then would see and stamp."""
+        return replace(self, now=lambda: when)
 
     def read_client(self, user_id: str) -> Elasticsearch:
         return self.reader(user_id) if self.reader else self.es
@@ -99,8 +106,7 @@ class Store:
         return fields
 
     def drop(self) -> None:
-        """Drop every index of this prefix, invalidate its user keys, forget its tokens (notebook and test cleanup)."""
+        """Drop every index of this prefix and, with tenancy, its user keys and tokens (notebook and test cleanup)."""
         drop_indices(self.es, self.prefix)
-        if self.provision is not None:
-            forget_prefix_keys(self)
-            forget_prefix_tokens(self.settings, self.prefix)
+        if self.forget is not None:
+            self.forget()

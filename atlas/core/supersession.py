@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from elasticsearch import helpers
 from tqdm.auto import tqdm
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.clock import es_date
 from atlas.core.documents import (
     VECTOR_FIELDS,

@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.errors import ValidationError
 
 USER_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 from atlas.core.errors import EmbeddingError
@@ -84,6 +83,8 @@ class HttpRerankStage:
         return {"query": query, "documents": list(texts), **({"model": self.model} if self.model else {})}
 
     def scores(self, query: str, texts: Sequence[str], vectors: np.ndarray | None) -> np.ndarray:
+        import httpx  # only this endpoint needs it (the `llm` extra): `import atlas` works without
+
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
             resp = httpx.post(self.url, json=self.build_body(query, texts), headers=headers, timeout=self.timeout)

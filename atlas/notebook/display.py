@@ -10,116 +10,28 @@ shown by the caller's `labels` ({id: "fact:bristol"}) when given, else shortened
 from __future__ import annotations
 
 import copy
-import html
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from elasticsearch import Elasticsearch
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.clock import parse_date
-from atlas.core.recall import RecallResult, recall, to_kibana
+from atlas.core.recall import RecallResult, Tuning, recall, to_kibana
 from atlas.core.scoring import DECAY_FIELD, DEFAULT_PARAMS, ScoringParams, multiplier, recency, use_boost
 from atlas.core.store import Store
 from atlas.ops.capabilities import Capability
+from atlas.reporting import TEXT_WIDTH, Table, table, truncate
 
 if TYPE_CHECKING:  # annotations only: importing consolidation pulls in openai, a second per notebook kernel
     from atlas.consolidation.consolidate import ConsolidationReport, Decision
 
-#: Characters of memory text shown in a table cell.
-TEXT_WIDTH = 60
 #: Leading values of a query vector kept when a request is printed.
 VECTOR_HEAD = 3
-
-
-# --- the table ------------------------------------------------------------------------------
-
-
-def fmt(value: object) -> str:
-    """One cell: floats with 3 decimals, None as empty, bools as yes/no."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return str(value)
-
-
-def truncate(text: str, width: int = TEXT_WIDTH) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= width else text[:width - 1] + "…"
-
-
-@dataclass
-class Table:
-    """Rows under named columns; HTML in Jupyter, aligned text in `str()`/`repr()`, Markdown on request."""
-
-    columns: list[str]
-    rows: list[list[object]]
-    title: str | None = None
-    #: Columns aligned right (numbers); the rest are left-aligned.
-    numeric: set[str] = field(default_factory=set)
-
-    def cells(self) -> list[list[str]]:
-        return [[fmt(v) for v in row] for row in self.rows]
-
-    def column(self, name: str) -> list[object]:
-        at = self.columns.index(name)
-        return [row[at] for row in self.rows]
-
-    def __str__(self) -> str:
-        cells = self.cells()
-        widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(self.columns)]
-
-        def line(values: Sequence[str]) -> str:
-            parts = [v.rjust(w) if c in self.numeric else v.ljust(w)
-                     for v, w, c in zip(values, widths, self.columns, strict=True)]
-            return "  ".join(parts).rstrip()
-
-        out = [self.title] if self.title else []
-        out += [line(self.columns), "  ".join("-" * w for w in widths)]
-        out += [line(r) for r in cells]
-        return "\n".join(out)
-
-    __repr__ = __str__
-
-    def _repr_html_(self) -> str:
-        def td(tag: str, column: str, value: str) -> str:
-            align = ' style="text-align:right"' if column in self.numeric else ' style="text-align:left"'
-            return f"<{tag}{align}>{html.escape(value)}</{tag}>"
-
-        head = "".join(td("th", c, c) for c in self.columns)
-        body = "".join("<tr>" + "".join(td("td", c, v) for c, v in zip(self.columns, row, strict=True)) + "</tr>"
-                       for row in self.cells())
-        caption = f"<caption>{html.escape(self.title)}</caption>" if self.title else ""
-        return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-    def to_markdown(self) -> str:
-        def esc(value: str) -> str:
-            return value.replace("|", "\\|")
-
-        rows = ["| " + " | ".join(self.columns) + " |",
-                "|" + "|".join("---:" if c in self.numeric else "---" for c in self.columns) + "|"]
-        rows += ["| " + " | ".join(esc(v) for v in r) + " |" for r in self.cells()]
-        return "\n".join(([f"**{self.title}**", ""] if self.title else []) + rows)
-
-
-def table(rows: Iterable[Mapping[str, object]], *, title: str | None = None,
-          numeric: Iterable[str] = ()) -> Table:
-    """A `Table` from dicts; columns in first-seen key order."""
-    rows = list(rows)
-    columns: list[str] = []
-    for row in rows:
-        columns += [k for k in row if k not in columns]
-    return Table(columns, [[row.get(c) for c in columns] for row in rows], title, set(numeric))
-
-
-# --- ids -----------------------------------------------------------------------------------
 
 
 def short_id(doc_id: str | None, labels: Mapping[str, str] | None = None) -> str:
@@ -141,21 +53,21 @@ def invert(names: Mapping[str, str]) -> dict[str, str]:
 
 def hits_table(result: RecallResult, *, labels: Mapping[str, str] | None = None, width: int = TEXT_WIDTH,
                title: str | None = None) -> Table:
-    """One row per hit: rank, id, type, text, rank in each path, rrf, second stage, the hubness held against it
-    (a column only when some hit has one, `atlas.core.hubness`), final score, superseded."""
+    """One row per hit: rank, id, type, text, rank in each path, fused score, second stage, the hubness held
+    against it (a column only when some hit has one, `atlas.core.hubness`), superseded."""
     paths = ("bm25", "dense")
     rows = []
     for rank, hit in enumerate(result.hits, start=1):
         rows.append({
             "rank": rank, "id": short_id(hit.id, labels), "type": hit.memory_type, "text": truncate(hit.text, width),
             **{path: hit.ranks.get(path) for path in paths},
-            "rrf": hit.rrf, "second": hit.second_stage_score, "hub": hit.hubness, "score": hit.score,
+            "score": hit.score, "second": hit.second_stage_score, "hub": hit.hubness,
             "superseded": f"by {short_id(hit.superseded_by, labels)}" if hit.superseded_by else "",
         })
     if title is None:
         title = f"{result.mode}: {result.query!r}" + (f" ({result.note})" if result.note else "")
     hub = ["hub"] if any(hit.hubness is not None for hit in result.hits) else []
-    columns = ["rank", "id", "type", "text", *paths, "rrf", "second", *hub, "score", "superseded"]
+    columns = ["rank", "id", "type", "text", *paths, "score", "second", *hub, "superseded"]
     return Table(columns, [[r[c] for c in columns] for r in rows], title,
                  {"rank", *paths, "rrf", "second", "hub", "score"})
 
@@ -201,7 +113,7 @@ def show_document(source: Mapping[str, object]) -> None:
 
 def cluster_info(es: Elasticsearch) -> Table:
     """Version, health, license and the authenticated user of a cluster (changes between machines)."""
-    from atlas.core.connection import server_version
+    from atlas.security.connection import server_version
 
     health = es.cluster.health()
     lic = es.license.get()["license"]
@@ -322,15 +234,7 @@ class RecallOptions(TypedDict, total=False):
 
     types: Sequence[C.MemoryType] | None
     include_superseded: bool
-    now: datetime | None
-    params: ScoringParams | None
-    window: int
-    rank_constant: int
-    pool: int
-    rrf_weight: float
-    sessions: int
-    session_turns: int
-    session_keep: int
+    tuning: Tuning
 
 
 @dataclass
@@ -389,7 +293,7 @@ def modes_side_by_side(store: Store, user: str, questions: Sequence[str] | Mappi
     """
     targets: dict[str, str | None] = dict(questions) if isinstance(questions, Mapping) else {q: None for q in questions}
     results: dict[tuple[str, str], RecallResult] = {
-        (q, m): recall(store, user, q, k=max(k, depth), mode=m, touch=False, **recall_options)
+        (q, m): recall(store, user, q, k=max(k, depth), mode=m, **recall_options)
         for q in targets for m in modes}
     return ModeComparison(list(targets), list(modes), results, targets, labels, k)
 

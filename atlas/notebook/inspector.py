@@ -19,13 +19,14 @@ from typing import Any
 from elastic_transport import ObjectApiResponse
 from IPython import get_ipython
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.documents import VECTOR_FIELDS
 from atlas.core.memory import users_with_memory
 from atlas.core.schemas import archive_name, index_name
 from atlas.core.store import Store
 from atlas.core.validation import check_user
-from atlas.notebook.display import Table, short_id, table, truncate
+from atlas.notebook.display import short_id
+from atlas.reporting import Table, table, truncate
 
 TYPES: tuple[C.MemoryType, ...] = C.USER_MEMORY_TYPES
 #: Rows shown per tab (newest first); the counters always count everything.

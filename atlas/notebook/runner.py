@@ -83,9 +83,9 @@ def _drop_prefix(prefix: str) -> None:
     """Best-effort cleanup of a failed notebook's indices (it never reached its cleanup cell)."""
     from elasticsearch import ApiError, TransportError
 
-    from atlas.core.connection import connect
     from atlas.core.errors import AtlasError
     from atlas.core.schemas import drop_indices
+    from atlas.security.connection import connect
 
     try:
         drop_indices(connect(), prefix)

@@ -26,11 +26,12 @@ from pathlib import Path
 
 import urllib3
 
-from atlas.core.config import Settings, load_settings, read_secret, write_secret
-from atlas.core.connection import connect
-from atlas.core.errors import ClusterError
+from atlas.core.config import Settings, load_settings
+from atlas.ops.errors import ClusterError
 from atlas.ops.es_plugin import install_analysis_plugin
 from atlas.ops.service import ensure_service_principal
+from atlas.security.connection import connect
+from atlas.security.secrets import read_secret, write_secret
 
 ES_VERSION = "9.2.0"
 ES_ARTIFACT = f"org.elasticsearch.distribution.integ-test-zip:elasticsearch:{ES_VERSION}:zip"

@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 
 from atlas.core.config import REPO_ROOT
-from atlas.core.errors import ClusterError
+from atlas.ops.errors import ClusterError
 
 PLUGIN_NAME = "atlas-analysis"
 # es-plugin/ ships beside the package in the checkout.

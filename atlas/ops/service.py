@@ -19,9 +19,10 @@ from collections.abc import Sequence
 
 from elasticsearch import AuthorizationException, Elasticsearch
 
-from atlas.core import constants as C
-from atlas.core.config import Settings, read_secret, write_secret
+from atlas import constants as C
+from atlas.core.config import Settings
 from atlas.core.errors import AuthError, ValidationError
+from atlas.security.secrets import read_secret, write_secret
 
 SERVICE_USER_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 

@@ -35,22 +35,22 @@ import numpy as np
 from elasticsearch import Elasticsearch, helpers
 from tqdm.auto import tqdm
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.clock import es_date
 from atlas.core.config import REPO_ROOT, Settings, load_settings
-from atlas.core.connection import connect, server_version
 from atlas.core.documents import build_document, routing_of
 from atlas.core.errors import ValidationError
 from atlas.core.memory import bulk_load, write_episode
-from atlas.core.recall import recall
+from atlas.core.recall import Tuning, recall
 from atlas.core.schemas import MODEL_FIELDS, all_indices, check_prefix, drop_indices, index_name
 from atlas.core.store import Embedder, Store
-from atlas.core.tenancy import forget_prefix_keys
-from atlas.core.tokens import TokenVerifier, issue_token
 from atlas.models.embed import load_embedder
 from atlas.models.rerank import EmbeddingSecondStage, load_second_stage
-from atlas.notebook.display import Table, table
+from atlas.reporting import Table, table
 from atlas.research.metrics import percentiles
+from atlas.security.connection import connect, server_version
+from atlas.security.tenancy import forget_prefix
+from atlas.security.tokens import TokenVerifier, issue_token
 from atlas.stack import open_store
 
 #: The fixed "now" of the synthetic corpus and of every recall.
@@ -278,7 +278,7 @@ def measure_recall(store: Store, corpus: Corpus, queries: Sequence[str], mode: C
     for i in range(warmup + reps):
         user, query = rng.choices(corpus.users, weights)[0], rng.choice(queries)
         started = time.perf_counter()
-        result = recall(store, user, query, k=k, mode=mode, now=now, touch=False, routed=routed)
+        result = recall(store.at(now), user, query, k=k, mode=mode, tuning=Tuning(routed=routed))
         if i >= warmup:
             totals.append(time.perf_counter() - started)
             for part in parts:
@@ -331,7 +331,7 @@ def measure_throughput(store: Store, corpus: Corpus, queries: Sequence[str], cli
         jobs = [(rng.choices(corpus.users, weights)[0], rng.choice(queries)) for _ in range(requests)]
 
         def one(job: tuple[str, str]) -> float:
-            return timed(lambda: recall(store, job[0], job[1], k=k, now=now, touch=False))
+            return timed(lambda: recall(store.at(now), job[0], job[1], k=k))
 
         started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=n) as pool:
@@ -499,7 +499,7 @@ def bench_store(prefix: str, settings: Settings, es: Elasticsearch) -> Store:
     drop_indices(es, prefix)
     store = open_store(prefix, settings=settings, es=es, embedder=load_embedder(settings.embedder),
                        second_stage=load_second_stage(settings.reranker), now=lambda: BENCH_NOW)
-    forget_prefix_keys(store)
+    forget_prefix(store)
     return store
 
 

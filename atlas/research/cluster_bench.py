@@ -17,12 +17,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.clock import es_date
 from atlas.core.config import Settings, load_settings
-from atlas.core.connection import connect
 from atlas.models.embed import load_embedder
-from atlas.notebook.display import Table, table
+from atlas.reporting import Table, table
 from atlas.research.bench import (
     BENCH_NOW,
     ClauseVectors,
@@ -41,6 +40,7 @@ from atlas.research.bench import (
     write_json,
 )
 from atlas.research.results import load_expected, lookup
+from atlas.security.connection import connect
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from atlas import constants as C
 from atlas.consolidation.consolidate import Decision, consolidate, similarity_of
 from atlas.consolidation.proposers import Proposer, Similarity
-from atlas.core import constants as C
 from atlas.core.store import Store
 from atlas.research.datasets import REPO_ROOT, KeyMap, load_once, persona_document, read_jsonl
 

@@ -22,12 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from atlas.core import constants as C
-from atlas.core.connection import server_version
+from atlas import constants as C
 from atlas.core.errors import AuthError
-from atlas.core.recall import recall
+from atlas.core.recall import DEFAULT_TUNING, RecallResult, Tuning, recall
 from atlas.core.store import Store
-from atlas.core.tenancy import enable_tenancy, ensure_user_key
 from atlas.research.datasets import (
     PERSONA_DIR,
     PERSONA_NOW,
@@ -57,6 +55,9 @@ from atlas.research.metrics import (
     reciprocal_rank,
     summarise,
 )
+from atlas.research.session_pass import session_pass
+from atlas.security.connection import server_version
+from atlas.security.tenancy import enable_tenancy, ensure_user_key
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure  # matplotlib is imported only when a figure is drawn
@@ -171,12 +172,21 @@ def warm_query_vectors(store: Store, queries: Sequence[str]) -> None:
         store.second_stage.embedder.embed_queries(list(queries))
 
 
+def ask_one(store: Store, question: EvalQuestion, mode: C.RecallMode, k: int, *, tuning: Tuning = DEFAULT_TUNING,
+            sessions: int = 0) -> RecallResult:
+    """The question recalled as its user, at its `now`; `sessions` (0: off) adds the session pass
+    (`atlas.research.session_pass`)."""
+    result = recall(store.at(question.now), question.user_id, question.query, k=k, mode=mode, tuning=tuning)
+    if sessions:
+        result.hits = session_pass(store.at(question.now), result, k=k, sessions=sessions, tuning=tuning)[:k]
+    return result
+
+
 def ask(store: Store, question: EvalQuestion, mode: C.RecallMode, ks: Sequence[int], *,
         options: Mapping[str, Any] | None = None) -> dict:
-    """One recall, scored: the row every report is built from. `options` go to `recall` (e.g. `sessions`)."""
+    """One recall, scored: the row every report is built from. `options` go to `ask_one` (`tuning`, `sessions`)."""
     started = time.perf_counter()
-    result = recall(store, question.user_id, question.query, k=max(ks), mode=mode, now=question.now, touch=False,
-                    **(options or {}))
+    result = ask_one(store, question, mode, max(ks), **(options or {}))
     latency = time.perf_counter() - started
     ranked = [hit.source.get("source_key") or hit.id for hit in result.hits]
     return {"qid": question.qid, "user_id": question.user_id, "mode": mode, "group": question.group,

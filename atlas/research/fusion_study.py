@@ -17,18 +17,19 @@ from typing import Literal, get_args
 import numpy as np
 from tqdm.auto import tqdm
 
-from atlas.core import constants as C
-from atlas.core.fusion import combine, rrf_fuse, score_fuse
-from atlas.core.hubness import held
-from atlas.core.recall import paths_of, recall
+from atlas import constants as C
+from atlas.core.fusion import rank_pool, rrf_fuse, zscore
+from atlas.core.recall import Tuning, paths_of, recall
 from atlas.core.store import Store
-from atlas.notebook.display import Table, table
+from atlas.reporting import Table, table
 from atlas.research.evaluate import LOCOMO_KS, PERSONA_KS, EvalQuestion, score, session_scores, warm_query_vectors
 from atlas.research.locomo import CATEGORY_NAMES, MAIN_CATEGORIES
 from atlas.research.metrics import bootstrap_ci
 
 #: The arms of the study: RRF has no weight; the score fusions weigh the BM25 path by w and the kNN path by 1 - w.
 Arm = Literal["rrf", "zscore", "minmax"]
+#: How `score_fuse` puts each path's scores on one scale.
+ScoreNormalisation = Literal["zscore", "minmax"]
 ARMS: tuple[Arm, ...] = get_args(Arm)
 #: Weights of the BM25 path tried by the score fusions.
 WEIGHTS: tuple[float, ...] = tuple(round(w, 1) for w in np.arange(0.1, 1.0, 0.1))
@@ -52,6 +53,31 @@ class Captured:
     candidates: tuple[Candidate, ...]
 
 
+
+def minmax(values: np.ndarray) -> np.ndarray:
+    """Rescale within the pool to [0, 1], the terms of a convex combination."""
+    span = float(values.max() - values.min())
+    return (values - values.min()) / span if span > 1e-12 else np.zeros_like(values)
+
+
+def score_fuse(scores: dict[str, dict[str, float]], weights: dict[str, float], *,
+               normalise: ScoreNormalisation) -> list[tuple[str, float]]:
+    """Weighted sum of each path's normalised scores: [(key, score)], best first; ties keep first-seen order.
+
+    A path's scores are normalised over the candidates it returned (`zscore` or `minmax`); a candidate a path
+    did not return gets that path's lowest normalised score, as if it ranked just below its window.
+    """
+    keys = list(dict.fromkeys(key for path in scores.values() for key in path))
+    total = np.zeros(len(keys))
+    for path, found in scores.items():
+        scale = zscore if normalise == "zscore" else minmax
+        normalised = dict(zip(found, scale(np.asarray(list(found.values()), dtype=float)), strict=True))
+        floor = min(normalised.values(), default=0.0)
+        total += weights[path] * np.asarray([normalised.get(key, floor) for key in keys])
+    order = sorted(range(len(keys)), key=lambda i: -total[i])
+    return [(keys[i], float(total[i])) for i in order]
+
+
 def capture(store: Store, questions: Sequence[EvalQuestion], *, window: int = C.RRF_WINDOW,
             progress: bool = True) -> list[Captured]:
     """Every question's candidates from both paths, each re-scored by the second stage (one recall each).
@@ -63,8 +89,8 @@ def capture(store: Store, questions: Sequence[EvalQuestion], *, window: int = C.
     warm_query_vectors(store, [q.query for q in questions])
     out = []
     for q in tqdm(questions, desc="capture", unit="q", disable=not progress):
-        result = recall(store, q.user_id, q.query, k=2 * window, mode=C.DEFAULT_RECALL_MODE, now=q.now,
-                        window=window, pool=2 * window, touch=False)
+        result = recall(store.at(q.now), q.user_id, q.query, k=2 * window, mode=C.DEFAULT_RECALL_MODE,
+                        tuning=Tuning(window=window, pool=2 * window))
         out.append(Captured(q, tuple(Candidate(hit.source.get("source_key") or hit.id, hit.ranks, hit.path_scores,
                                                float(hit.second_stage_score or 0.0), hit.hubness)
                                      for hit in result.hits)))
@@ -90,10 +116,9 @@ def replay(captured: Captured, arm: Arm, weight: float, *, second_stage: bool = 
         return [key for key, _ in order]
     by_key = {c.key: c for c in captured.candidates}
     head = order[:pool]
-    second = held(np.asarray([by_key[key].second for key, _ in head]), [by_key[key].hubness for key, _ in head],
-                  penalty=hub_penalty)
-    final = combine(np.asarray([value for _, value in head]), second)
-    return [head[i][0] for i in sorted(range(len(head)), key=lambda i: -final[i])] + [key for key, _ in order[pool:]]
+    ranked, _ = rank_pool([value for _, value in head], np.asarray([by_key[key].second for key, _ in head]),
+                          [by_key[key].hubness for key, _ in head], [key for key, _ in head], hub_penalty=hub_penalty)
+    return [head[i][0] for i in ranked] + [key for key, _ in order[pool:]]
 
 
 def rows(captured: Sequence[Captured], arm: Arm, weight: float, ks: Sequence[int], *,

@@ -17,14 +17,14 @@ from dataclasses import dataclass, field, replace
 import anyio
 from tqdm.auto import tqdm
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.errors import AtlasError, ValidationError
 from atlas.core.recall import clip_query, recall
 from atlas.core.schemas import all_indices, index_name
 from atlas.core.store import Store
-from atlas.core.tenancy import KeyReader
-from atlas.core.tokens import issue_token, revoke_tokens
 from atlas.core.validation import check_choice, check_user
+from atlas.security.tenancy import KeyReader
+from atlas.security.tokens import issue_token, revoke_tokens
 from atlas.serve.mcp_server import BackgroundServer, create_app, open_client
 
 #: Longest adversarial query (another tenant's document text), in characters.
@@ -186,7 +186,7 @@ def ask_in_process(store: Store, plan: Mapping[str, Sequence[str]], *, k: int, m
     for tenant, queries in plan.items():
         answers[tenant] = []
         for query in queries:
-            hits = recall(store, tenant, query, k=k, mode=mode, include_superseded=include_superseded, touch=False).hits
+            hits = recall(store, tenant, query, k=k, mode=mode, include_superseded=include_superseded).hits
             answers[tenant].append([Seen(h.id, h.user_id, h.text) for h in hits])
             done()
     return answers
@@ -197,12 +197,12 @@ def ask_over_mcp(store: Store, plan: Mapping[str, Sequence[str]], *, k: int, mod
     """Each tenant's queries as `recall_memory` calls to the MCP server over HTTP, with a token issued to
     that tenant for the sweep (revoked after). The tool's answer carries no owner, so each hit's owner
     is looked up afterwards by id with the service credential. `mode` is the server's (the default); its
-    recalls do not count as uses, as in the other configurations."""
+    recalls do not count as uses (`Store.record_use`), as in the other configurations."""
     tokens = {tenant: issue_token(store, tenant).secret for tenant in plan}
     arguments = {"k": k, "include_superseded": include_superseded}
     try:
         # In a thread of its own: the caller may already run an event loop (a notebook does).
-        with BackgroundServer(create_app(replace(store, touch=False))) as server, \
+        with BackgroundServer(create_app(replace(store, record_use=False))) as server, \
                 ThreadPoolExecutor(max_workers=1) as pool:
             memories = {tenant: pool.submit(anyio.run, _recall_remote, server.url(tenant), tokens[tenant], queries,
                                             arguments, done).result()

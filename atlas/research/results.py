@@ -2,8 +2,8 @@
 
 `results/expected.json` is the one place a reported number lives. `tests/test_eval.py`
 asserts a fresh run against it (`compare`), `atlas eval ... --record` rewrites it from a
-run (`record`), and the tables of `docs/evaluation.md` and the README are rendered from
-it (`render_results_table`), never typed by hand. A run on other data (another corpus
+run (`record`), and the tables of `docs/evaluation.md` (`render_results_table`) and the README's
+short summary (`render_summary`) are rendered from it, never typed by hand. A run on other data (another corpus
 version, the full upstream LoCoMo file) is not comparable and is said to be so.
 """
 
@@ -17,16 +17,21 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.config import REPO_ROOT
-from atlas.notebook.display import Table, table, truncate
+from atlas.reporting import Table, table, truncate
 from atlas.research.evaluate import MISSED_METRICS, REFERENCE_DESIGN, SESSION_METRICS
 from atlas.research.locomo import ADVERSARIAL, CATEGORY_NAMES, MAIN_CATEGORIES, PAPER_REFERENCE, SESSION_REFERENCES
 
 EXPECTED_PATH = REPO_ROOT / "results" / "expected.json"
 DOC_PATH = REPO_ROOT / "docs" / "evaluation.md"
+README_PATH = REPO_ROOT / "README.md"
 #: Every document whose results blocks are generated: `atlas eval tables --write` re-renders them all.
-DOC_PATHS = (DOC_PATH, REPO_ROOT / "README.md")
+DOC_PATHS = (DOC_PATH, README_PATH)
+#: The name of the README's block: one short table of the default mode on both data sets.
+SUMMARY = "summary"
+#: The generated blocks each document must hold: the full tables in docs/evaluation.md, the summary in the README.
+DOC_BLOCKS: dict[Path, tuple[str, ...]] = {DOC_PATH: ("persona", "locomo"), README_PATH: (SUMMARY,)}
 ABOUT = ("Expected results of every published evaluation number: per run, the command that reproduces it and, "
          "per number (a path into the run's report), its value and tolerance (null: shown, not checked). "
          "Checked by tests/test_eval.py; the tables of docs/evaluation.md are rendered from it "
@@ -316,11 +321,14 @@ def misses_table(report: Mapping, mode: str = C.DEFAULT_RECALL_MODE, width: int 
 
 
 def render_results_table(run: str, expected: Mapping | None = None) -> str:
-    """The Markdown tables of one recorded run (`persona`, `locomo`, `locomo-ci`), with how to reproduce them.
+    """The Markdown tables of one recorded run (`persona`, `locomo`, `locomo-ci`), with how to reproduce them;
+    `summary` gives the README's short table (`render_summary`).
 
     Rendered from `results/expected.json` only, so a table can never show a number the
     tests do not check (latencies are shown and marked as not checked).
     """
+    if run == SUMMARY:
+        return render_summary(expected)
     recorded = (expected or load_expected())["runs"][run]
     tables = [t.to_markdown() for t in results_tables(recorded).values()]
     setup = recorded["setup"]
@@ -328,6 +336,25 @@ def render_results_table(run: str, expected: Mapping | None = None) -> str:
             f"with warm caches; first stage {setup['embedder']}, second stage {setup['second_stage']}, "
             f"Elasticsearch {setup['elasticsearch']}, reads through {setup['reads']}).")
     return "\n\n".join([head, *tables])
+
+
+def render_summary(expected: Mapping | None = None, mode: str = C.DEFAULT_RECALL_MODE) -> str:
+    """The README's results: one row per data set for the default mode, with where the full tables are."""
+    runs = (expected or load_expected())["runs"]
+    persona, locomo = runs["persona"]["numbers"], runs["locomo"]["numbers"]
+    rows = [{"data set": f"persona ({runs['persona']['questions']} questions)",
+             "R@5": _value(persona, f"by_mode.{mode}.r@5"), "R@10": _value(persona, f"by_mode.{mode}.r@10", ci=True),
+             "MRR": _value(persona, f"by_mode.{mode}.mrr"), "leaks": _value(persona, "leaks")},
+            {"data set": f"LoCoMo ({runs['locomo']['conversations']} conversations; evidence turns, categories 1-4)",
+             "R@5": _value(locomo, f"by_mode.{mode}.main.r@5"),
+             "R@10": _value(locomo, f"by_mode.{mode}.main.r@10", ci=True),
+             "MRR": _value(locomo, f"by_mode.{mode}.main.mrr"), "leaks": _value(locomo, "leaks")}]
+    title = f"Default mode ({mode}), R@10 with its bootstrap 95% CI; leaks over every recall of every mode"
+    dates = ", ".join(f"{name} {runs[name]['recorded']}" for name in ("persona", "locomo"))
+    return "\n\n".join([
+        _table(rows, title).to_markdown(),
+        f"Recorded {dates}. Full tables, protocol and caveats: [docs/evaluation.md](docs/evaluation.md). "
+        f"Reproduce with `{runs['persona']['command']}` and `{runs['locomo']['command']}`."])
 
 
 # --- generated blocks in Markdown files -----------------------------------------------------------------
@@ -363,11 +390,11 @@ def reproduce(spec: RunSpec, *, prefix: str | None = None, path: Path | None = N
     The prefix is kept, so a rerun skips indexing; `fresh` drops it first.
     """
     from atlas.core.config import load_settings
-    from atlas.core.connection import connect
     from atlas.core.schemas import drop_indices
     from atlas.research.datasets import PERSONA_DIR, PERSONA_NOW
     from atlas.research.evaluate import evaluate_locomo, evaluate_persona, mode_figure, report_figure, write_report
     from atlas.research.locomo import load_conversations
+    from atlas.security.connection import connect
     from atlas.stack import open_store
 
     out_dir = Path(out_dir) if out_dir is not None else load_settings().outputs_dir

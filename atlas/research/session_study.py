@@ -15,19 +15,19 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from atlas.core import constants as C
-from atlas.core.recall import recall
+from atlas import constants as C
+from atlas.core.recall import Tuning
 from atlas.core.store import Store
-from atlas.notebook.display import Table, table, truncate
-from atlas.research.evaluate import EvalQuestion, ask, session_scores, warm_query_vectors
+from atlas.reporting import Table, table, truncate
+from atlas.research.evaluate import EvalQuestion, ask, ask_one, session_scores, warm_query_vectors
 from atlas.research.metrics import bootstrap_ci, percentiles
 
 #: The arms compared: the default mode as it is, and with the session pass over the sessions of the first 10 hits
 #: (SESSION_PASS_TURNS turns of each after the first SESSION_PASS_KEEP hits). 10 sessions, 2 turns and 7 kept
 #: were chosen on one conversation (conv-26) by an offline replay, before the other six were run.
-ARMS: dict[str, dict[str, Any]] = {"off": {"sessions": 0}, "session pass": {"sessions": 10}}
-#: The default mode without the hubness penalty and as it is (`atlas.core.hubness`, docs/evaluation.md change 15).
-HUB_ARMS: dict[str, dict[str, Any]] = {"off": {"hub_penalty": 0.0}, "hubness": {}}
+ARMS: dict[str, dict[str, Any]] = {"off": {}, "session pass": {"sessions": 10}}
+#: The default mode without the hubness penalty and as it is (`atlas.core.hubness`, docs/evaluation.md).
+HUB_ARMS: dict[str, dict[str, Any]] = {"off": {"tuning": Tuning(hub_penalty=0.0)}, "hubness": {}}
 
 
 def ask_arms(store: Store, questions: Sequence[EvalQuestion], ks: Sequence[int], *,
@@ -90,8 +90,8 @@ def evidence_places(store: Store, question: EvalQuestion, *, arms: Mapping[str, 
                     depth: int = 50) -> Table:
     """Each evidence turn of `question`: its session, its place in each arm's ranking (within the first `depth`),
     and its text."""
-    results = {name: recall(store, question.user_id, question.query, k=depth, now=question.now, touch=False,
-                            **options) for name, options in arms.items()}
+    results = {name: ask_one(store, question, C.DEFAULT_RECALL_MODE, depth, **options)
+               for name, options in arms.items()}
     rows = []
     for key in question.relevant:
         places, text, session = {}, "", ""

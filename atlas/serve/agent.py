@@ -22,15 +22,14 @@ from openai.types.chat import (
     ChatCompletionMessageParam,
 )
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.config import Settings
-from atlas.core.errors import LLMError
 from atlas.core.memory import write_episode
 from atlas.core.passages import context_before
-from atlas.core.recall import RecallResult, pre_recall
+from atlas.core.recall import RecallResult, pre_recall, record_recall
 from atlas.core.store import Store
 from atlas.core.validation import check_user
-from atlas.serve.llm import bullets, complete, first_message, llm_client, not_configured_message
+from atlas.models.llm import LLMError, bullets, complete, first_message, llm_client, not_configured_message
 from atlas.serve.tools import ToolResult, call_tool, error_result, openai_tools, recall_payload
 
 #: The id of the injected recall call, so a transcript shows which call the loop made for the model.
@@ -130,6 +129,7 @@ class Agent:
         episode_id = write_episode(self.store, self.user_id, message, session_id=self.session_id,
                                    context=exchange or None)
         recalled = pre_recall(self.store, self.user_id, message, k=self.k)
+        record_recall(self.store, recalled)
         messages: list[ChatCompletionMessageParam] = [
             {"role": "system", "content": SYSTEM_PROMPT}, *self.history, {"role": "user", "content": message},
             *injected_recall(self.k, recalled)]

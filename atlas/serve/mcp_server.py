@@ -1,7 +1,7 @@
 """The MCP server: Atlas's memory tools over streamable HTTP at /api/atlas/mcp/{user_id}, inside a FastAPI app.
 
 One low-level MCP server serves every user. The bearer credential is an Atlas token
-(`atlas.core.tokens`), never an Elasticsearch credential: the token file says whose it is,
+(`atlas.security.tokens`), never an Elasticsearch credential: the token file says whose it is,
 the path must name that same user (403 otherwise), and the tools act for that user only,
 reading through the user's DLS key, which stays on the server, and writing with the user as
 owner, never an id the client sent. Failed authentications are throttled per client address
@@ -49,12 +49,12 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.errors import AtlasError, AuthError
 from atlas.core.store import Store
-from atlas.core.tenancy import KeyReader
-from atlas.core.tokens import TokenVerifier
 from atlas.core.validation import check_user
+from atlas.security.tenancy import KeyReader
+from atlas.security.tokens import TokenVerifier
 from atlas.serve.tools import TOOLS, ToolResult, call_tool, error_result
 from atlas.stack import open_store
 

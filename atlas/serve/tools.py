@@ -2,7 +2,7 @@
 
 The caller supplies the user, from the authenticated key (MCP) or the session (agent):
 no tool takes a user id as an argument, so a client can never write for someone else.
-Argument models are built from the vocabularies of `atlas.core.constants`, so the JSON schemas
+Argument models are built from the vocabularies of `atlas.constants`, so the JSON schemas
 that MCP clients and the OpenAI API see are generated from them; bad arguments and
 refused operations come back as an error result that names what to fix, never a traceback.
 """
@@ -18,14 +18,14 @@ from elasticsearch import ApiError, TransportError
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticError
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.clock import es_date
 from atlas.core.errors import AtlasError, ValidationError
 from atlas.core.memory import forget_memory, write_memory
-from atlas.core.recall import Hit, RecallResult, recall
+from atlas.core.recall import Hit, RecallResult, recall, record_recall
 from atlas.core.schemas import memory_type_of
 from atlas.core.store import Store
-from atlas.serve.llm import bullets
+from atlas.models.llm import bullets
 
 # --- arguments ----------------------------------------------------------------------
 
@@ -118,8 +118,11 @@ def recall_payload(result: RecallResult) -> dict:
 
 
 def run_recall(store: Store, user_id: str, args: RecallArgs) -> dict:
-    return recall_payload(recall(store, user_id, args.query, k=args.k, types=args.types,
-                                 include_superseded=args.include_superseded))
+    """Recall, then count it as a use of the facts it returned (`record_recall`), unless the store says not to."""
+    result = recall(store, user_id, args.query, k=args.k, types=args.types, include_superseded=args.include_superseded)
+    if store.record_use:
+        record_recall(store, result)
+    return recall_payload(result)
 
 
 def run_write(store: Store, user_id: str, args: WriteArgs) -> dict:

@@ -8,7 +8,7 @@ once; the server keeps only its sha256, maps it to the user, and reads with the 
 key itself. Elasticsearch does not know the token, so it is worthless against the cluster.
 
 Tokens live in the git-ignored `.atlas/tokens.json` ({prefix: {token_id: record}}), beside
-the keys of `atlas.core.tenancy`; `create_user`, `rotate_user` and `revoke_user` manage both
+the keys of `atlas.security.tenancy`; `create_user`, `rotate_user` and `revoke_user` manage both
 (`atlas users create|rotate|revoke`). See docs/security.md.
 """
 
@@ -21,13 +21,14 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
-from pathlib import Path
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.clock import es_date, utcnow
-from atlas.core.config import Settings, read_secret, update_secret
+from atlas.core.config import Settings
 from atlas.core.errors import AuthError, NotFound
-from atlas.core.tenancy import (
+from atlas.core.validation import check_user
+from atlas.security.secrets import read_secret, tokens_path, update_secret
+from atlas.security.tenancy import (
     Scope,
     UserKey,
     check_expiration,
@@ -38,9 +39,7 @@ from atlas.core.tenancy import (
     rotate_user_key,
     stored_key,
 )
-from atlas.core.validation import check_user
 
-TOKENS_FILE = "tokens.json"
 UNITS = {"d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
 
 
@@ -78,10 +77,6 @@ class Revocation:
     prefix: str
     key_ids: list[str]
     token_ids: list[str]
-
-
-def tokens_path(settings: Settings) -> Path:
-    return settings.secrets_dir / TOKENS_FILE
 
 
 def digest(secret: str) -> str:
@@ -133,11 +128,6 @@ def revoke_tokens(scope: Scope, user_id: str) -> list[str]:
 
     update_secret(tokens_path(scope.settings), mark)
     return revoked
-
-
-def forget_prefix_tokens(settings: Settings, prefix: str) -> None:
-    """Drop every token of the prefix from the file (`Store.drop`: the keys behind them are invalidated too)."""
-    update_secret(tokens_path(settings), lambda data: data.pop(prefix, None))
 
 
 def create_user(scope: Scope, user_id: str, *, expiration: str | None = None) -> Issued:

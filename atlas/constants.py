@@ -72,16 +72,6 @@ STATE_SUFFIX = "state"
 RRF_RANK_CONSTANT = 30
 #: Candidates taken from each retrieval path (BM25 and kNN) before fusion.
 RRF_WINDOW = 80
-#: Score fusion, the alternative to RRF studied in docs/evaluation.md ("Fusion as a study"): each path's scores
-#: are normalised within the candidates (z-score, or min-max for a convex combination) and added with weights.
-ScoreNormalisation = Literal["zscore", "minmax"]
-#: The session pass (off at 0): the sessions of the first k hits, at most this many, are searched again, each on
-#: its own (BM25 and kNN, one more `_msearch`), and the best SESSION_PASS_TURNS turns of each are interleaved
-#: after the first SESSION_PASS_KEEP hits (`atlas.core.recall`). Measured on LoCoMo dev and not adopted
-#: (docs/evaluation.md, "Spread-out evidence"): the values are the best of that study.
-SESSION_PASS = 0
-SESSION_PASS_TURNS = 2
-SESSION_PASS_KEEP = 7
 #: HNSW graph of the kNN field: links per node and candidates examined while building it.
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 100
@@ -192,7 +182,7 @@ LIST_PAGE_SIZE = 1000
 ARCHIVE_OLDER_THAN = "90d"
 ARCHIVE_BATCH = 500
 
-# --- privacy (atlas.core.privacy) ---------------------------------------------------
+# --- privacy (atlas.security.privacy) ---------------------------------------------------
 #: Documents one page of an erasure or an export reads (point-in-time paging), and `_bulk` deletes at once.
 PRIVACY_BATCH = 500
 #: How long a point in time of those pages stays open between two pages.
@@ -216,7 +206,7 @@ SERVICE_INDEX_PRIVILEGES = ("create_index", "manage", "read", "write")
 #: non-system index, for a cluster that holds Atlas alone. On a shared cluster name the prefixes.
 SERVICE_INDEX_PATTERNS = ("*",)
 
-# --- bearer tokens (atlas.core.tokens) ------------------------------------------------
+# --- bearer tokens (atlas.security.tokens) ------------------------------------------------
 #: Every Atlas token starts with this, so a leaked one is recognisable (secret scanners, logs).
 TOKEN_PREFIX = "atl_"
 #: Random bytes of a token (`secrets.token_urlsafe`): 256 bits, so a plain sha256 is a safe stored form.

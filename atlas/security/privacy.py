@@ -16,15 +16,22 @@ from dataclasses import dataclass
 
 from elasticsearch import helpers
 
-from atlas.core import constants as C
-from atlas.core.documents import VECTOR_FIELDS
+from atlas import constants as C
+from atlas.core.documents import VECTOR_FIELDS, pages
 from atlas.core.errors import AtlasError, NotFound, ValidationError
 from atlas.core.memory import bulk_load
-from atlas.core.schemas import MODEL_FIELDS, all_indices, archive_name, build_sole_owner_filter, index_name, state_name
+from atlas.core.schemas import (
+    MODEL_FIELDS,
+    all_indices,
+    archive_name,
+    build_sole_owner_filter,
+    index_name,
+    state_name,
+)
 from atlas.core.store import Store
-from atlas.core.tenancy import Scope
-from atlas.core.tokens import Revocation, revoke_user
 from atlas.core.validation import check_id, check_owner, check_text, check_type, check_user
+from atlas.security.tenancy import Scope
+from atlas.security.tokens import Revocation, revoke_user
 
 #: What an export leaves out of `_source`: the vectors and the names of the models that made them.
 EXPORT_EXCLUDES = (*VECTOR_FIELDS, *MODEL_FIELDS.values())
@@ -66,37 +73,7 @@ def build_erase_query(user_id: str) -> dict:
     return {"term": {"user_id": check_user(user_id)}}
 
 
-def build_page_body(pit: str, query: dict, after: list | None, *, size: int, source: bool | dict) -> dict:
-    """One page of a point-in-time search in index order, after the previous page's last sort values."""
-    body: dict = {"pit": {"id": pit, "keep_alive": C.PIT_KEEP_ALIVE}, "query": query,
-                  "sort": [{"_shard_doc": "asc"}], "size": size, "_source": source}
-    if after is not None:
-        body["search_after"] = after
-    return body
-
-
 # --- paging -------------------------------------------------------------------------------------
-
-
-def pages(scope: Scope, indices: list[str], query: dict, *, source: bool | dict,
-          batch: int = C.PRIVACY_BATCH) -> Iterator[list[dict]]:
-    """Pages of the hits of `query` (service credential), all from one point in time: deleting a page's
-    hits does not shift the next page. Refreshes first, so a document written just before is seen."""
-    names = ",".join(indices)
-    scope.es.indices.refresh(index=names, ignore_unavailable=True)
-    pit = scope.es.open_point_in_time(index=names, keep_alive=C.PIT_KEEP_ALIVE, ignore_unavailable=True)["id"]
-    after: list | None = None
-    try:
-        while True:
-            page = scope.es.search(**build_page_body(pit, query, after, size=batch, source=source))
-            pit = page.get("pit_id", pit)
-            hits = page["hits"]["hits"]
-            if not hits:
-                return
-            yield hits
-            after = hits[-1]["sort"]
-    finally:
-        scope.es.close_point_in_time(id=pit)
 
 
 # --- erase ----------------------------------------------------------------------------------------

@@ -16,12 +16,17 @@ import openai
 from openai import OpenAI
 from openai.types.chat import ChatCompletion, ChatCompletionMessage, ChatCompletionMessageParam
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.config import Settings
-from atlas.core.errors import LLMError
+from atlas.core.errors import AtlasError
+
+
+class LLMError(AtlasError):
+    """The configured OpenAI-compatible endpoint failed or returned something unusable."""
+
 
 T = TypeVar("T")
-#: The names of a vocabulary (`bullets`): any string type, such as a `Literal` of `atlas.core.constants`.
+#: The names of a vocabulary (`bullets`): any string type, such as a `Literal` of `atlas.constants`.
 Name = TypeVar("Name", bound=str)
 
 #: Failures that may pass if the same request is sent again later (timeouts are connection errors).

@@ -13,8 +13,9 @@ import elasticsearch
 from elastic_transport import ApiResponse
 from elasticsearch import Elasticsearch
 
-from atlas.core.config import Settings, load_settings, read_secret
+from atlas.core.config import Settings, load_settings
 from atlas.core.errors import ConnectionFailed
+from atlas.security.secrets import read_secret
 
 CLIENT_MAJOR = int(elasticsearch.__versionstr__.split(".")[0])
 

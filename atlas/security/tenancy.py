@@ -20,23 +20,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from elasticsearch import AuthenticationException, AuthorizationException, Elasticsearch, NotFoundError
 
-from atlas.core import constants as C
+from atlas import constants as C
 from atlas.core.clock import es_date, parse_date, utcnow
-from atlas.core.config import Settings, load_settings, read_secret, update_secret
-from atlas.core.connection import AtlasClient, connect
+from atlas.core.config import Settings, load_settings
 from atlas.core.errors import AuthError, NotFound, ValidationError
 from atlas.core.schemas import all_indices, build_owner_filter, check_prefix
+from atlas.core.store import Store
 from atlas.core.validation import USER_ID_PATTERN, check_user
+from atlas.security.connection import AtlasClient, connect
+from atlas.security.secrets import read_secret, tokens_path, update_secret, users_path
 
-if TYPE_CHECKING:  # the store holds tenancy's hooks, so tenancy knows it by type only
-    from atlas.core.store import Store
-
-USERS_FILE = "users.json"
 #: What `create_api_key` accepts that an operator would type: 30d, 12h, 90m, 45s.
 EXPIRATION_PATTERN = re.compile(r"^[1-9][0-9]{0,5}[dhms]$")
 
@@ -143,11 +140,6 @@ def lifetime_state(*, revoked_at: str | None, expires_at: str | None, now: datet
     if expires_at and parse_date(expires_at) <= (now or utcnow()):
         return "expired"
     return "active"
-
-
-def users_path(settings: Settings) -> Path:
-    """The git-ignored secrets file of user keys: {prefix: {user_id: key}}."""
-    return settings.secrets_dir / USERS_FILE
 
 
 def _record(key: UserKey) -> dict:
@@ -376,6 +368,7 @@ def enable_tenancy(store: Store) -> None:
     and a user's first write creates that key."""
     store.reader = KeyReader(store)
     store.provision = lambda user_id: ensure_user_key(store, user_id)
+    store.forget = lambda: forget_prefix(store)
 
 
 def live_prefix_keys_query(prefix: str) -> dict:
@@ -383,10 +376,12 @@ def live_prefix_keys_query(prefix: str) -> dict:
     return {"bool": {"filter": [{"term": {"metadata.atlas_prefix": prefix}}, {"term": {"invalidated": False}}]}}
 
 
-def forget_prefix_keys(store: Store) -> None:
-    """Invalidate every key made for the prefix (by the library, the CLI or a test) and drop them from the file."""
+def forget_prefix(store: Store) -> None:
+    """Invalidate every key made for the prefix (by the library, the CLI or a test) and drop them and the
+    prefix's tokens from their files (`Store.drop`)."""
     _invalidate_all(store.es, live_prefix_keys_query(store.prefix))
-    update_secret(users_path(store.settings), lambda data: data.pop(store.prefix, None))
+    for path in (users_path(store.settings), tokens_path(store.settings)):
+        update_secret(path, lambda data: data.pop(store.prefix, None))
 
 
 def authenticate_user_key(store: Scope, api_key: str) -> str:
@@ -547,7 +542,7 @@ def warn_if_unrestricted(es: Elasticsearch, *, prefix: str | None = None,
         warnings.warn(
             f"{context}: {report.principal} reads memory without document-level security "
             f"({'; '.join(report.reasons)}). The code filter is the only guard between users: give each user "
-            "their own key (`atlas users create <user>`, `atlas.core.tenancy.enable_tenancy`).",
+            "their own key (`atlas users create <user>`, `atlas.security.tenancy.enable_tenancy`).",
             UnrestrictedReadWarning, stacklevel=2)
     return report
 
