@@ -1,4 +1,4 @@
-# The two commands of the README: `make run` (main job) and `make test` (all tests).
+# The two commands of the README: `make run` (main job) and `make test` (all tests; `make test-fast` without the cluster).
 # Both set everything up on a fresh machine: the project venv, its dependencies, Elasticsearch.
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -13,7 +13,7 @@ ifdef NODES
 export ATLAS_ES_NODES := $(NODES)
 endif
 
-.PHONY: run test test-cluster lint setup browser lab es-up es-down es-reset es-status notebooks nbval pytest eval bench serve clean
+.PHONY: run test test-fast test-cluster lint setup browser lab es-up es-down es-reset es-status notebooks nbval pytest eval bench serve clean
 
 # The package with every extra (`dev` pulls in serve, llm, notebooks, research and local): `pip install .` alone
 # is the lean base, the memory without the workshop (pyproject.toml).
@@ -62,16 +62,20 @@ lab: es-up
 
 # Static checks: lint and import order (ruff), types (mypy), the layers contract (lint-imports).
 lint: setup
-	$(VENV)/bin/ruff check atlas scripts
+	$(VENV)/bin/ruff check atlas scripts tests
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
 # All tests: the static checks, pytest against the real cluster (notebook 06 in JupyterLab under headless
-# Chromium among them), papermill of every notebook, nbval of the committed ones; the slowest 25 tests are listed.
+# Chromium among them); each notebook runs once, under papermill, and its outputs are compared with the committed
+# ones as nbval compares them (tests/test_notebooks.py); the slowest 25 tests are listed.
 test: lint es-up browser
 	$(PY) -m pytest tests -q --durations=25
-	$(PY) -m pytest --nbval notebooks --ignore=notebooks/cluster --ignore=notebooks/solutions --nbval-sanitize-with notebooks/sanitize.cfg \
-		-p no:cacheprovider -q
+
+# The tests that need no cluster (no test taking a cluster fixture, none marked `cluster`; tests/conftest.py):
+# scoring, parsing, models, the CLI's checks, the notebooks' form. Under a minute, Elasticsearch need not run.
+test-fast: setup
+	$(PY) -m pytest tests -m "not cluster" -q
 
 # The local three-node cluster (docs/elasticsearch.md): start it beside the single node, run the cluster tests
 # (routing, node loss, rolling restart) and the cluster notebook (nbval), stop it, pass or fail.

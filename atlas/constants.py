@@ -95,9 +95,12 @@ RERANK_POOL = 40
 RERANK_RRF_WEIGHT = 1.0
 #: Hubness penalty of the embedding second stage: a candidate's cosine minus HUB_PENALTY x its `hubness`, the mean
 #: cosine of its HUB_NEIGHBOURS most similar memories of the same owner (`atlas.core.hubness`). Chosen on LoCoMo dev
-#: and the persona set (docs/evaluation.md, change 15); 0 turns it off.
+#: and the persona set (docs/evaluation.md, "Hubness"); 0 turns it off.
 HUB_PENALTY = 1.0
 HUB_NEIGHBOURS = 30
+#: A single write looks for those neighbours among this many of the owner's memories nearest by the first model
+#: (`documents.neighbour_hubness`: the second model's vectors have no kNN graph).
+HUB_CANDIDATES = 100
 #: Weights in the BM25 path, `text` (stemmed) having 1: `text.exact` (whole tokens such as "E-0x41";
 #: at full weight its unstemmed stop words outvote the content words) and `context` (the messages an
 #: episode follows).
@@ -106,12 +109,12 @@ CONTEXT_BOOST = 0.4
 #: BM25's length normalisation (Lucene's `b`, 0.75 by default) in every memory index. Off: in a
 #: conversation a turn's length is how much it says, not padding; LoCoMo's evidence turns have 35
 #: words (median) against 20 for the others, and normalising by length favoured short replies that share
-#: a word with the question over them (docs/evaluation.md, change 12).
+#: a word with the question over them (docs/evaluation.md, "BM25 without length normalisation").
 BM25_B = 0.0
 #: An episode's `context` as the loaders and the agent build it: the messages before it in its session,
 #: oldest first, at most this many (for an agent: the user's previous message and its own last reply).
 #: BM25 searches them all; only the last, the one the turn replies to, is embedded with the text: with
-#: more, mean pooling drowned the turn's own words (docs/evaluation.md, change 11).
+#: more, mean pooling drowned the turn's own words (docs/evaluation.md, "Reply context").
 CONTEXT_MESSAGES = 2
 #: A turn that names its speaker and says at least two sentences of at least this many words gets one
 #: vector per sentence too, each headed by the speaker; the kNN path scores a passage by its best vector.

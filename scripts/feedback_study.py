@@ -26,8 +26,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from atlas import constants as C
-from atlas.core.fusion import combine, rrf_fuse
-from atlas.core.fusion import held
+from atlas.core.fusion import combine, held, rrf_fuse
 from atlas.core.hubness import hubness
 from atlas.core.recall import recall
 from atlas.core.store import Store

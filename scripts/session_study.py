@@ -1,4 +1,4 @@
-"""The session pass as a study (docs/evaluation.md, "Spread-out evidence"): the default mode without and with it.
+"""The session pass as a study (docs/evaluation.md, "The session pass"): the default mode without and with it.
 
     .venv/bin/python scripts/session_study.py [--prefix-locomo eval-locomo] [--prefix-persona eval-persona]
 

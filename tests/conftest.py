@@ -5,23 +5,32 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from dataclasses import replace
+from datetime import UTC, datetime
 
 import pytest
-
-from dataclasses import replace
-
 from typer.testing import CliRunner
 
 from atlas.core.config import load_settings
-from atlas.security.secrets import read_secret
-from atlas.security.connection import connect
 from atlas.core.errors import ConnectionFailed
 from atlas.core.store import Store
+from atlas.security.connection import connect
+from atlas.security.secrets import read_secret
 from atlas.stack import open_store
 
 #: The fixed "now" of tests, so that decay is deterministic.
-NOW = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+#: The fixtures that connect to the cluster: a test using one (directly or through another fixture) is marked
+#: `cluster`, so that `pytest -m "not cluster"` (`make test-fast`) runs without Elasticsearch.
+CLUSTER_FIXTURES = frozenset({"es", "operator_es", "store", "module_store", "tstore", "runner"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `cluster` every test that takes a cluster fixture (before `-m` selects), beside those marked by hand."""
+    for item in items:
+        if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.cluster)
 
 
 @pytest.fixture(scope="session")

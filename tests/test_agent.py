@@ -7,15 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from atlas.serve.agent import PRE_RECALL_CALL_ID, SYSTEM_PROMPT, Agent
 from atlas.constants import CONTRADICTIONS, MEMORY_TYPES
-from atlas.models.llm import LLMError
 from atlas.core.memory import write_episode, write_memory
 from atlas.core.passages import passage_text
 from atlas.core.recall import recall
+from atlas.models.llm import LLMError
+from atlas.serve.agent import PRE_RECALL_CALL_ID, SYSTEM_PROMPT, Agent
 from atlas.serve.tools import openai_tools, recall_payload
-
-from .llm_stub import scripted_llm, text, tool_calls
+from tests.llm_stub import scripted_llm, text, tool_calls
 
 
 def offline(store):

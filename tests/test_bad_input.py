@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 
 import pytest
 import typer
@@ -19,16 +20,15 @@ from typer.testing import CliRunner
 
 from atlas import constants as C
 from atlas.cli import app
-from atlas.models.embed import TruncationWarning
 from atlas.core.errors import AtlasError, NotFound, ValidationError
 from atlas.core.memory import forget_memory, record_outcome, write_episode, write_memory
 from atlas.core.recall import Tuning, recall
 from atlas.core.store import Store
-from atlas.stack import open_store
 from atlas.core.supersession import archive, history
 from atlas.core.validation import DOC_ID_PATTERN, USER_ID_PATTERN
-
-from .conftest import NOW
+from atlas.models.embed import TruncationWarning
+from atlas.stack import open_store
+from tests.conftest import NOW
 
 EXAMPLES = settings(max_examples=20, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -136,10 +136,10 @@ def test_other_tenants_ids_look_exactly_like_unknown_ones(store, seeded):
               for key, index in (("tom_fact", "semantic"), ("tom_episode", "episodic"), ("tom_playbook", "procedural"))}
     for key in theirs:
         doc_id = seeded[key]
-        for call in (lambda: forget_memory(store, "sarah", doc_id), lambda: history(store, "sarah", doc_id),
-                     lambda: record_outcome(store, "sarah", doc_id, False),
-                     lambda: write_memory(store, "sarah", "Sarah moved", supersedes_id=doc_id),
-                     lambda: write_memory(store, "sarah", "Sarah moved", supporting_episode_ids=[doc_id])):
+        for call in (partial(forget_memory, store, "sarah", doc_id), partial(history, store, "sarah", doc_id),
+                     partial(record_outcome, store, "sarah", doc_id, False),
+                     partial(write_memory, store, "sarah", "Sarah moved", supersedes_id=doc_id),
+                     partial(write_memory, store, "sarah", "Sarah moved", supporting_episode_ids=[doc_id])):
             error = refused(store, call, NotFound)
             assert str(error) == f"no memory {doc_id} belongs to user sarah"
     for key, index in (("tom_fact", "semantic"), ("tom_episode", "episodic"), ("tom_playbook", "procedural")):
@@ -265,7 +265,8 @@ def test_every_command_rejects_an_unknown_option():
     (["bench", "--scale", "5"], "error: scales must be"),
     (["bench", "--prefix", "Bad Prefix"], "error: index prefix"),
     (["bench", "--plan", "billion"], "error: --plan must be one of smoke, quick, full, million"),
-    (["archive", "--prefix", "Bad Prefix"], "error: index prefix"),
+    # archive connects before it checks the prefix: marked `cluster`
+    pytest.param(["archive", "--prefix", "Bad Prefix"], "error: index prefix", marks=pytest.mark.cluster),
 ])
 def test_cli_bad_values_fail_with_a_message(args, message):
     result = runner.invoke(app, args)
@@ -303,4 +304,5 @@ def test_cli_user_keys_refuse_bad_user_ids(store):
 
 def test_naive_and_aware_datetimes_are_both_accepted(store):
     doc_id = write_episode(store, "sarah", "a dated turn", ts=datetime(2026, 1, 2, 3, 4))
-    assert store.es.get(index=f"{store.prefix}-episodic", id=doc_id)["_source"]["timestamp"] == "2026-01-02T03:04:00.000Z"
+    stored = store.es.get(index=f"{store.prefix}-episodic", id=doc_id)["_source"]
+    assert stored["timestamp"] == "2026-01-02T03:04:00.000Z"

@@ -8,10 +8,7 @@ from dataclasses import replace
 import pytest
 
 from atlas import constants as C
-from atlas.security.secrets import read_secret
 from atlas.core.memory import write_episode
-from atlas.security.tenancy import live_prefix_keys_query
-from atlas.security.secrets import users_path
 from atlas.research.bench import (
     PEERS,
     Corpus,
@@ -21,6 +18,8 @@ from atlas.research.bench import (
     measure_throughput,
     measure_token_check,
 )
+from atlas.security.secrets import read_secret, users_path
+from atlas.security.tenancy import live_prefix_keys_query
 
 pytestmark = pytest.mark.cluster
 

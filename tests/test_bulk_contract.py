@@ -14,8 +14,7 @@ from atlas.core.errors import EmbeddingError, PartialWrite, ValidationError
 from atlas.core.memory import bulk_load
 from atlas.core.store import Store
 from atlas.stack import open_store
-
-from .conftest import make_prefix
+from tests.conftest import make_prefix
 
 BATCH = 2
 #: Any fixed time: what is tested is which documents are written, not when.

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
 from atlas.core.clock import mentioned_period
 
-NOW = datetime(2026, 11, 1, 12, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 1, 12, tzinfo=UTC)
 
 
 def day(text: str) -> datetime:
-    return datetime.fromisoformat(text).replace(tzinfo=timezone.utc)
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
 
 
 @pytest.mark.parametrize("question, start, end", [

@@ -8,16 +8,17 @@ import socket
 
 import pytest
 
-from atlas.ops import cluster
 from atlas.core.config import load_settings
-from atlas.security.connection import connect, server_version, version_problem
-from atlas.ops.errors import ClusterError
 from atlas.core.errors import ConnectionFailed
+from atlas.ops import cluster
+from atlas.ops.errors import ClusterError
+from atlas.security.connection import connect, server_version, version_problem
 
 LOCAL = load_settings().local
 local_only = pytest.mark.skipif(not LOCAL, reason="ES_URL points at an external cluster")
 
 
+@pytest.mark.cluster
 @local_only
 def test_up_is_idempotent_and_status_answers():
     before = cluster.status()
@@ -27,6 +28,7 @@ def test_up_is_idempotent_and_status_answers():
     assert creds["url"] == after["url"]
 
 
+@pytest.mark.cluster
 @local_only
 def test_node_never_runs_as_root():
     for node in cluster.status()["nodes"]:
@@ -36,6 +38,7 @@ def test_node_never_runs_as_root():
             assert owner == cluster.ES_USER
 
 
+@pytest.mark.cluster
 @local_only
 def test_credentials_file_is_private():
     path = load_settings().local_credentials_path
@@ -49,7 +52,7 @@ def test_taken_port_is_a_clear_error(tmp_path, monkeypatch):
         sock.listen()
         port = sock.getsockname()[1]
         with pytest.raises(ClusterError, match=f"port {port} is taken"):
-            cluster.up(load_settings(home=tmp_path, es_port=port))
+            cluster.up(load_settings(home=tmp_path, es_url=None, es_port=port))  # a local node, whatever ES_URL
 
 
 def test_external_cluster_starts_nothing(tmp_path):
@@ -67,6 +70,7 @@ def test_cluster_down_is_a_one_line_error(tmp_path):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.cluster
 def test_wrong_password_is_a_one_line_error(tmp_path):
     url = load_settings().url
     with pytest.raises(ConnectionFailed, match="refused the credentials"):

@@ -20,14 +20,13 @@ from atlas.consolidation.proposers import LLMProposer, RuleProposer, fact_type_o
 from atlas.constants import CONSOLIDATION_EMBEDDER, CONSOLIDATION_MIN_CONFIDENCE
 from atlas.core.documents import build_document
 from atlas.core.errors import ConflictError
-from atlas.models.llm import LLMError
 from atlas.core.memory import bulk_load, users_with_memory, write_episode, write_memory
 from atlas.models.embed import load_embedder
+from atlas.models.llm import LLMError
 from atlas.research.consolidation_eval import evaluate, load_consolidation_set, read_expected_metrics
 from atlas.stack import open_store
-
-from .conftest import NOW, make_prefix
-from .llm_stub import completion, scripted_llm
+from tests.conftest import NOW, make_prefix
+from tests.llm_stub import completion, scripted_llm
 
 
 @pytest.fixture
@@ -50,7 +49,8 @@ class Scripted:
 
 def semantic_texts(store, user):
     store.es.indices.refresh(index=f"{store.prefix}-semantic")
-    hits = store.es.search(index=f"{store.prefix}-semantic", size=100, query={"term": {"user_id": user}})["hits"]["hits"]
+    hits = store.es.search(index=f"{store.prefix}-semantic", size=100,
+                           query={"term": {"user_id": user}})["hits"]["hits"]
     return sorted(h["_source"]["text"] for h in hits)
 
 
@@ -133,7 +133,8 @@ def test_apply_then_rerun_proposes_nothing_twice(cstore):
 
 
 def test_guards_hold_whoever_proposes(cstore):
-    episode = write_episode(cstore, "sarah", "My hub is called Beacon and it sits in the hallway cupboard.", session_id="s1")
+    episode = write_episode(cstore, "sarah", "My hub is called Beacon and it sits in the hallway cupboard.",
+                            session_id="s1")
     toms_episode = write_episode(cstore, "tom", "My hub is called Kestrel.", session_id="t1")
     toms_fact = write_memory(cstore, "tom", "Tom's hub is called Kestrel", "semantic")
     existing = write_memory(cstore, "sarah", "Sarah's hub is called Beacon", "semantic")
@@ -145,7 +146,8 @@ def test_guards_hold_whoever_proposes(cstore):
         return [
             {"kind": "fact", "text": "missing the rest"},
             {**fact, "text": "Sarah's hub sits in the hallway cupboard", "supporting_episode_ids": [toms_episode]},
-            {**fact, "text": "Sarah's hub sits in the hallway cupboard", "supporting_episode_ids": ["AAAAAAAAAAAAAAAAAAAA"]},
+            {**fact, "text": "Sarah's hub sits in the hallway cupboard",
+             "supporting_episode_ids": ["AAAAAAAAAAAAAAAAAAAA"]},
             {**fact, "text": "The moon is made of green cheese"},
             {**fact, "text": "Sarah's hub sits in the hallway cupboard", "confidence": 0.3},
             {**fact, "text": "Sarah's hub is called Beacon."},
@@ -171,7 +173,8 @@ def test_guards_hold_whoever_proposes(cstore):
     assert reasons[7] is None and reasons[8].startswith("duplicate")
     assert reasons[9] == f"{toms_fact} is not a playbook of sarah"
     assert reasons[10] is None and reasons[11].startswith("an existing playbook already covers")
-    assert semantic_texts(cstore, "sarah") == ["Sarah's hub is called Beacon", "Sarah's hub sits in the hallway cupboard"]
+    assert semantic_texts(cstore, "sarah") == ["Sarah's hub is called Beacon",
+                                               "Sarah's hub sits in the hallway cupboard"]
     assert semantic_texts(cstore, "tom") == ["Tom's hub is called Kestrel"]
     assert cstore.es.get(index=f"{cstore.prefix}-procedural", id=playbook)["_source"]["success_count"] == 1
     assert existing in [h["_id"] for h in cstore.es.search(index=f"{cstore.prefix}-semantic")["hits"]["hits"]]

@@ -19,11 +19,11 @@ from datetime import UTC, datetime
 import pytest
 from typer.testing import CliRunner
 
+from atlas import constants as C
 from atlas.cli import app
 from atlas.consolidation import proposers
 from atlas.consolidation.consolidate import consolidate, consolidate_all, failure
 from atlas.core import clock
-from atlas import constants as C
 from atlas.core.clock import mentioned_period
 from atlas.core.errors import ConflictError, ValidationError
 from atlas.core.memory import write_episode

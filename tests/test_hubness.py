@@ -1,4 +1,4 @@
-"""Hubness (issue 22, change 15): small talk that resembles the rest of a user's memory is held against it."""
+"""Hubness: small talk that resembles the rest of a user's memory is held against it, on every write path."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from atlas.core import hubness as hub
 from atlas.core.documents import build_document
 from atlas.core.errors import ValidationError
 from atlas.core.hubness import attach_hubness, build_hubness_query, hubness, refresh_hubness
-from atlas.core.memory import write_episode, write_memory
+from atlas.core.memory import bulk_load, write_episode, write_memory
 from atlas.core.recall import Tuning, recall
 from atlas.core.schemas import build_sole_owner_filter
 from atlas.notebook.display import hits_table
@@ -54,8 +54,9 @@ def test_hubness_query_is_one_owner_or_the_catalog():
 
 
 def test_small_talk_gives_way_to_the_specific_turn(store):
-    """Five turns of small talk outrank the one that answers, until the user's hubness is computed; then the
-    default second stage puts the answer first, and `hub_penalty=0` turns that off again."""
+    """Five turns of small talk outrank the one that answers without the hubness penalty. Each write gives its memory
+    a hubness among the memories its owner has then, so the default second stage puts the answer first as soon as
+    it is written; consolidation's refresh recomputes them all together, with the same effect."""
     for text in (*SMALL_TALK, CAMPING, *OTHERS):
         write_episode(store, "kai", text)
     write_memory(store, "ana", "Ana went camping at the beach too", "semantic")
@@ -65,18 +66,37 @@ def test_small_talk_gives_way_to_the_specific_turn(store):
     def texts(**options) -> list[str]:
         return [hit.text for hit in recall(store, "kai", question, k=8, **options).hits]
 
-    before = texts()
-    assert before.index(CAMPING) >= len(SMALL_TALK)  # without hubness the small talk comes first
-    assert "hub" not in hits_table(recall(store, "kai", question)).columns
-    assert refresh_hubness(store, "kai") == len(SMALL_TALK) + 1 + len(OTHERS)  # only kai's memories
-    result = recall(store, "kai", question, k=8)
-    scores = {hit.text: hit.hubness for hit in result.hits}
-    assert min(scores[text] for text in SMALL_TALK) > scores[CAMPING]
-    assert result.hits[0].text == CAMPING and C.HUB_PENALTY > 0
-    assert "hub" in hits_table(result).columns
-    assert texts(tuning=Tuning(hub_penalty=0)) == before
+    off = texts(tuning=Tuning(hub_penalty=0))
+    assert off.index(CAMPING) >= len(SMALL_TALK)  # without the penalty the small talk comes first
+    for when in ("written", "refreshed"):
+        result = recall(store, "kai", question, k=8)
+        scores = {hit.text: hit.hubness for hit in result.hits}
+        assert min(scores[text] for text in SMALL_TALK[1:]) > scores[CAMPING], when
+        assert result.hits[0].text == CAMPING and C.HUB_PENALTY > 0, when
+        assert "hub" in hits_table(result).columns
+        assert refresh_hubness(store, "kai") == len(SMALL_TALK) + 1 + len(OTHERS)  # only kai's memories
+    assert texts(tuning=Tuning(hub_penalty=0)) == off
     ana = store.es.search(index=store.indices, query={"term": {"user_id": "ana"}})["hits"]["hits"][0]["_source"]
-    assert "hubness" not in ana
+    assert "hubness" not in ana, "an owner's first memory has no neighbours: its hubness is unknown, not 0"
+
+
+def test_every_write_path_writes_hubness(store):
+    """A single write computes a memory's hubness from its owner's memories as they stand (the mean cosine of its
+    nearest ones, as `hubness` computes it); `bulk_load` computes it among the load's documents."""
+    first = write_episode(store, "kai", SMALL_TALK[0])
+    second = write_memory(store, "kai", SMALL_TALK[1], "episodic")
+    store.es.indices.refresh(index=store.indices)
+    sources = {hit["_id"]: hit["_source"] for hit in store.es.search(
+        index=store.indices, query={"term": {"user_id": "kai"}}, source={"exclude_vectors": False})["hits"]["hits"]}
+    vectors = np.asarray([sources[first]["rerank_embedding"], sources[second]["rerank_embedding"]], dtype=np.float32)
+    assert "hubness" not in sources[first]
+    assert sources[second]["hubness"] == pytest.approx(float(hubness(vectors)[1]), abs=1e-4)
+    from datetime import UTC, datetime
+
+    loaded = bulk_load(store, [build_document("lea", text, "episodic", datetime(2026, 12, 1, tzinfo=UTC))
+                               for text in SMALL_TALK[:3]], progress=False)
+    got = store.es.mget(index=f"{store.prefix}-episodic", ids=loaded, routing="lea")["docs"]
+    assert all(isinstance(doc["_source"].get("hubness"), float) for doc in got)
 
 
 def test_a_load_attaches_hubness_per_owner_before_indexing(store):

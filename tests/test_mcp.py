@@ -17,10 +17,10 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from atlas.constants import CONTRADICTIONS, FACT_TYPES, MEMORY_TYPES, USER_MEMORY_TYPES
-from atlas.serve.mcp_server import BackgroundServer, create_app, open_client
 from atlas.core.memory import write_memory
 from atlas.core.store import Store
 from atlas.security.tokens import create_user
+from atlas.serve.mcp_server import BackgroundServer, create_app, open_client
 
 
 @pytest.fixture

@@ -19,22 +19,21 @@ import pytest
 from elasticsearch import Elasticsearch
 
 from atlas.core.config import Settings, load_settings
-from atlas.security.connection import AtlasClient, client_options
 from atlas.core.documents import build_document
 from atlas.core.errors import ConflictError
 from atlas.core.memory import bulk_load, forget_memory, write_episode, write_memory
 from atlas.core.recall import Tuning, recall, record_recall
 from atlas.core.store import Store
 from atlas.core.supersession import supersede
-from atlas.security.tenancy import stored_key, user_client
-from atlas.security.tokens import TokenVerifier, issue_token
 from atlas.notebook.inspector import shards_searched, user_shards
 from atlas.notebook.runner import run_notebook, unique_prefix
 from atlas.ops import cluster
+from atlas.security.connection import AtlasClient, client_options
+from atlas.security.tenancy import stored_key, user_client
+from atlas.security.tokens import TokenVerifier, issue_token
 from atlas.stack import open_store
-
-from .conftest import NOW, make_prefix
-from .test_notebooks import each_cell_twice, rerun_differences
+from tests.conftest import NOW, make_prefix
+from tests.test_notebooks import each_cell_twice, rerun_differences
 
 SETTINGS = load_settings()
 pytestmark = pytest.mark.skipif(not SETTINGS.local or SETTINGS.es_nodes < 3,

@@ -17,9 +17,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from atlas.core.errors import EmbeddingError
 from atlas.models import nomic
 from atlas.models.embed import quantizes_per_batch
-from atlas.core.errors import EmbeddingError
 
 LAYERS, WIDTH, HEADS, FFN, VOCAB = 2, 16, 2, 24, 12
 

@@ -8,25 +8,52 @@ and run again it has nothing left to do; an agent turn recalls the turn it wrote
 that only reads (08's persona evaluation, a minute or more) is tagged `slow-read` and runs once, to keep the
 test's time.
 
+The same run also does nbval's job, so that `make test` executes each notebook once: the first run of each code
+cell must print what the committed notebook shows, compared as `pytest --nbval --nbval-sanitize-with
+notebooks/sanitize.cfg` compares them (`committed_differences`; the values papermill injected, INDEX_PREFIX and
+OUT_DIR, read as the committed defaults, which nbval would run with). nbval itself still checks the cluster notebooks
+(`make test-cluster`). 08's persona report is the one tests/test_eval.py checks when both run in one session
+(`executed` runs a notebook once per session).
+
 The notebooks are found by `atlas.notebook.runner.discover`, so a new `notebooks/NN_*.ipynb` is tested
-without touching this file. nbval (`make test`) separately checks the committed outputs.
+without touching this file.
 """
 
 from __future__ import annotations
 
+import ast
+import copy
 import json
 import re
+from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbformat import NotebookNode
 from nbformat.v4 import new_code_cell
-from nbval.plugin import get_sanitize_patterns
+from nbval.plugin import (
+    coalesce_streams,
+    find_comment_markers,
+    find_metadata_tags,
+    get_sanitize_patterns,
+    transform_streams_for_comparison,
+)
 
-from atlas.notebook.runner import KERNEL, TIMES_FILE, discover, duration_words, how_long, run_notebook, unique_prefix
+from atlas.notebook.runner import (
+    KERNEL,
+    TIMES_FILE,
+    RunResult,
+    discover,
+    duration_words,
+    how_long,
+    run_notebook,
+    unique_prefix,
+)
 
-pytestmark = [pytest.mark.notebooks, pytest.mark.cluster]
+# The tests that run a notebook take the `es` fixture, so tests/conftest.py marks them `cluster`; the others read files.
+pytestmark = pytest.mark.notebooks
 
 NOTEBOOKS = discover(Path(__file__).resolve().parents[1] / "notebooks")
 #: Notebooks that need the local three-node cluster: run by `make test-cluster` (nbval), checked here for form only.
@@ -36,6 +63,12 @@ AGAIN = "run-again"
 #: Cells whose second output is not compared with the first (they must still run twice).
 UNCOMPARED = {"nbval-ignore-output", "reports-first-run"}
 SANITIZE = get_sanitize_patterns((NOTEBOOKS[0].parent / "sanitize.cfg").read_text())
+#: The output fields nbval does not compare (`nbval.plugin.IPyNbFile.skip_compare`, without --nbdime): everything
+#: else is, each stream by its name (stdout and stderr) and each MIME type of a display or result.
+NBVAL_SKIPS = ("metadata", "traceback", "prompt_number", "output_type", "name", "execution_count",
+               "application/vnd.jupyter.widget-view+json", "image/png", "image/jpeg")
+#: The cell papermill adds after the `parameters` cell (the run's INDEX_PREFIX and OUT_DIR).
+INJECTED = "injected-parameters"
 
 
 def tags(cell: NotebookNode) -> list[str]:
@@ -57,15 +90,100 @@ def each_cell_twice(nb: NotebookNode) -> NotebookNode:
     return nb
 
 
+def masked(value: object) -> object:
+    """A text with notebooks/sanitize.cfg applied in order, as nbval's `sanitize` does (other values as they are)."""
+    if not isinstance(value, str):
+        return value
+    for regex, replace in SANITIZE:
+        value = re.sub(regex, replace, value)
+    return value
+
+
 def printed(cell: NotebookNode) -> str:
     """What a cell printed and displayed as text, masked with notebooks/sanitize.cfg. Not stderr: Python shows a
     warning once per place and process, so a second run in the same kernel does not repeat it, and progress bars
     carry rates and times."""
-    text = "".join(out.get("text", "") + out.get("data", {}).get("text/plain", "") for out in cell.get("outputs", [])
-                   if out.get("name") != "stderr")
-    for regex, replace in SANITIZE:
-        text = re.sub(regex, replace, text)
-    return text
+    return str(masked("".join(out.get("text", "") + out.get("data", {}).get("text/plain", "")
+                              for out in cell.get("outputs", []) if out.get("name") != "stderr")))
+
+
+def nbval_fields(outputs: list, replace: dict[str, str] | None = None) -> dict[str, list]:
+    """A cell's outputs as nbval compares them (`IPyNbCell.compare_outputs`): streams coalesced by name, then
+    {field: [masked value of each output that has it]}, a stream's field being its name (stdout, stderr) and a
+    display's or result's its MIME types. Each text has `replace`'s keys replaced by their values first."""
+    def value(text: object) -> object:
+        for old, new in (replace or {}).items():
+            text = text.replace(old, new) if isinstance(text, str) else text
+        return masked(text)
+
+    fields: dict[str, list] = defaultdict(list)
+    for out in transform_streams_for_comparison(coalesce_streams(copy.deepcopy(outputs))):
+        for key, data in out.items():
+            if key == "data":
+                for mime, shown in data.items():
+                    if mime not in NBVAL_SKIPS:
+                        fields[mime].append(value(shown))
+            elif key not in NBVAL_SKIPS:
+                fields[key].append(value(data))
+    return dict(fields)
+
+
+def parameter_values(cell: NotebookNode) -> dict[str, object]:
+    """The constants a parameters cell assigns (`NAME = literal`)."""
+    return {node.targets[0].id: node.value.value for node in ast.parse(cell.source).body
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Constant)}
+
+
+def injected_to_committed(committed: NotebookNode, executed: NotebookNode) -> dict[str, str]:
+    """{value papermill injected: the committed default} for each text parameter (INDEX_PREFIX `nb-02-1a2b3c4d`
+    -> `nb-02`, OUT_DIR): the committed outputs come from a run with the defaults, as nbval runs it."""
+    def values(cells: list, tag: str) -> dict[str, object]:
+        return {k: v for cell in cells if tag in tags(cell) for k, v in parameter_values(cell).items()}
+
+    defaults, injected = values(committed.cells, "parameters"), values(executed.cells, INJECTED)
+    pairs = {str(injected[k]): str(defaults[k]) for k in injected.keys() & defaults.keys()
+             if isinstance(injected[k], str) and injected[k] and injected[k] != defaults[k]}
+    return dict(sorted(pairs.items(), key=lambda pair: -len(pair[0])))  # longest first: a value may hold another
+
+
+def nbval_checks(cell: NotebookNode) -> bool:
+    """Whether `pytest --nbval` compares this cell's outputs: not when tagged `nbval-ignore-output` or `nbval-skip`
+    (or marked so by a `# NBVAL_...` comment, which wins, as in nbval), nor when the committed cell never ran."""
+    options = dict(find_metadata_tags(cell.metadata)) | dict(find_comment_markers(cell.source))
+    return options.get("check", True) and not options.get("skip", False) and cell.execution_count is not None
+
+
+def _mismatch(number: int, cell: NotebookNode, key: str, expected: object, got: object) -> str:
+    return (f"cell {number} {cell.source.splitlines()[0] if cell.source else ''!r}: mismatch {key!r}\n"
+            f"<<<<<<<<<<<< committed output:\n{expected}\n============ disagrees with this run's output:\n{got}\n"
+            ">>>>>>>>>>>>")
+
+
+def committed_differences(committed: NotebookNode, executed: NotebookNode) -> list[str]:
+    """The code cells whose first run (in `executed`, the run of `each_cell_twice(committed)`) shows something else
+    than `committed` does, field by field as nbval reports them; the cell papermill injected is not one of them.
+    Cells are numbered as nbval numbers them (code cells of the committed notebook, from 0)."""
+    ran = [cell for cell in executed.cells if cell.cell_type == "code" and not {AGAIN, INJECTED} & set(tags(cell))]
+    code = [cell for cell in committed.cells if cell.cell_type == "code"]
+    assert [c.source for c in ran] == [c.source for c in code], "the run is not of the committed notebook's cells"
+    replace = injected_to_committed(committed, executed)
+    differences = []
+    for number, (ref, test) in enumerate(zip(code, ran, strict=True)):
+        if ref.execution_count is None and ref.outputs:
+            differences.append(f"cell {number}: unrun reference cell has outputs")
+        if not nbval_checks(ref):
+            continue
+        expected, got = nbval_fields(ref.outputs), nbval_fields(test.outputs, replace)
+        if expected.keys() != got.keys():
+            differences.append(_mismatch(number, ref, "fields", sorted(expected), sorted(got)))
+            continue
+        for key, values in expected.items():
+            if values != got[key]:
+                differences.append(_mismatch(number, ref, key, "\n".join(map(str, values)),
+                                             "\n".join(map(str, got[key]))))
+                break
+    return differences
 
 
 def rerun_differences(nb: NotebookNode) -> list[str]:
@@ -153,16 +271,78 @@ def test_each_lesson_cell_runs_twice_and_a_changed_output_is_found():
         each_cell_twice(nbformat.v4.new_notebook(cells=cells[:-1]))
 
 
+def test_the_committed_outputs_are_compared_as_nbval_compares_them():
+    """A changed committed output is reported with the cell's first line; what sanitize.cfg masks (a duration)
+    and the cells nbval does not check are not, nor the injected prefix; the injected cell and second runs are
+    skipped."""
+    committed = nbformat.v4.new_notebook(cells=[
+        new_code_cell('INDEX_PREFIX = "nb-02"\nK = 5', metadata={"tags": ["parameters", "setup"]}, execution_count=1),
+        new_code_cell("print(took)", execution_count=2, outputs=[
+            nbformat.v4.new_output("stream", text="nb-02-semantic: 5 hits, took 12 ms\n")]),
+        new_code_cell("table()", execution_count=3, outputs=[
+            nbformat.v4.new_output("execute_result", {"text/plain": "r@10 0.912345", "text/html": "<b>0.912</b>"},
+                                   execution_count=3)]),
+        new_code_cell("cluster_info(es)", metadata={"tags": ["nbval-ignore-output"]}, execution_count=4,
+                      outputs=[nbformat.v4.new_output("stream", text="3 nodes\n")]),
+        new_code_cell("drop()", metadata={"tags": ["cleanup"]}, execution_count=5)])
+    executed = each_cell_twice(copy.deepcopy(committed))
+    executed.cells.insert(1, new_code_cell('INDEX_PREFIX = "nb-02-99ffee00"', metadata={"tags": [INJECTED]}))
+    first, again = executed.cells[2:4]
+    first.outputs = [nbformat.v4.new_output("stream", text="nb-02-99ffee00-semantic: 5 hits, "),
+                     nbformat.v4.new_output("stream", text="took 9 ms\n")]
+    again.outputs = [nbformat.v4.new_output("stream", text="anything\n")]
+    executed.cells[6].outputs = [nbformat.v4.new_output("stream", text="1 node\n")]
+    assert committed_differences(committed, executed) == []
+
+    first.outputs = [nbformat.v4.new_output("stream", text="nb-02-99ffee00-semantic: 4 hits, took 9 ms\n")]
+    [changed] = committed_differences(committed, executed)
+    assert "cell 1 'print(took)': mismatch 'stdout'" in changed
+    assert "nb-02-semantic: 5 hits, took <DURATION>" in changed and "nb-02-semantic: 4 hits" in changed
+    first.outputs.append(nbformat.v4.new_output("stream", name="stderr", text="a warning\n"))
+    assert "mismatch 'fields'" in committed_differences(committed, executed)[0], "nbval compares stderr too"
+    first.outputs = copy.deepcopy(committed.cells[1].outputs)
+    executed.cells[4].outputs = [nbformat.v4.new_output(
+        "execute_result", {"text/plain": "r@10 0.912999", "text/html": "<b>0.913</b>"}, execution_count=9)]
+    [changed] = committed_differences(committed, executed)
+    assert "cell 2 'table()': mismatch 'text/html'" in changed, "floats keep three decimals, and HTML is compared"
+    del executed.cells[4]
+    with pytest.raises(AssertionError, match="not of the committed notebook's cells"):
+        committed_differences(committed, executed)
+
+
+@dataclass(frozen=True)
+class Executed:
+    """A notebook run of `test_notebook_runs`: the doubled copy under papermill, and its OUT_DIR."""
+
+    result: RunResult
+    outputs_dir: Path
+
+
+_EXECUTED: dict[Path, Executed] = {}
+
+
+def executed(path: Path, tmp_path_factory: pytest.TempPathFactory) -> Executed:
+    """Run `path` (each lesson cell twice) on a fresh prefix, once per test session: test_eval reads 08's report."""
+    if path not in _EXECUTED:
+        work = tmp_path_factory.mktemp(path.stem)
+        nbformat.write(each_cell_twice(nbformat.read(path, as_version=4)), work / path.name)
+        result = run_notebook(work / path.name, work / "notebooks", outputs_dir=work, prefix=unique_prefix(path))
+        _EXECUTED[path] = Executed(result, work)
+    return _EXECUTED[path]
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs(path, tmp_path, es):
-    """End to end on a fresh prefix, each lesson cell twice; nothing left behind."""
-    prefix = unique_prefix(path)
-    nbformat.write(each_cell_twice(nbformat.read(path, as_version=4)), tmp_path / path.name)
-    path = tmp_path / path.name
-    result = run_notebook(path, tmp_path / "notebooks", outputs_dir=tmp_path, prefix=prefix)
-    assert result.ok, f"{path.name} failed: {result.error} (executed copy: {result.output})"
-    assert result.output.is_file()
-    leftovers = es.indices.get(index=f"{prefix}-*", allow_no_indices=True, expand_wildcards="all")
+def test_notebook_runs(path, tmp_path_factory, es):
+    """End to end on a fresh prefix, each lesson cell twice; nothing left behind; each cell's first run shows what
+    the committed notebook shows (nbval's check), and its second run what the first showed."""
+    run = executed(path, tmp_path_factory)
+    assert run.result.ok, f"{path.name} failed: {run.result.error} (executed copy: {run.result.output})"
+    assert run.result.output.is_file()
+    leftovers = es.indices.get(index=f"{run.result.prefix}-*", allow_no_indices=True, expand_wildcards="all")
     assert not leftovers, f"{path.name} left indices behind: {sorted(leftovers)}"
-    differences = rerun_differences(nbformat.read(result.output, as_version=4))
+    output = nbformat.read(run.result.output, as_version=4)
+    differences = committed_differences(nbformat.read(path, as_version=4), output)
+    assert not differences, (f"{path.name}: outputs differ from the committed ones (re-execute and commit it if "
+                             "the change is meant):\n" + "\n\n".join(differences))
+    differences = rerun_differences(output)
     assert not differences, "a cell printed something else when run again:\n" + "\n\n".join(differences)

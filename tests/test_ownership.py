@@ -15,7 +15,6 @@ import pytest
 
 from atlas.consolidation import consolidate as cons
 from atlas.consolidation.consolidate import Watermark, read_plan
-from atlas.security import tenancy
 from atlas.core.documents import build_document, embed_documents, index_document
 from atlas.core.errors import AuthError, NotFound, ValidationError
 from atlas.core.memory import bulk_load, forget_memory, write_memory
@@ -23,6 +22,7 @@ from atlas.core.recall import recall
 from atlas.core.schemas import all_indices, archive_name, index_name
 from atlas.core.store import Store
 from atlas.core.supersession import archive, repair
+from atlas.security import tenancy
 from atlas.security.tenancy import (
     UserKey,
     authenticate_user_key,
@@ -32,8 +32,7 @@ from atlas.security.tenancy import (
     revoke_user_key,
     stored_key,
 )
-
-from .conftest import NOW
+from tests.conftest import NOW
 
 
 @pytest.fixture
@@ -207,7 +206,8 @@ def legacy_key(store: Store, user_id: str) -> UserKey:
 
 
 def role_of(store: Store, key_id: str) -> dict:
-    return tenancy.canonical_roles(store.es.security.get_api_key(id=key_id, owner=True)["api_keys"][0]["role_descriptors"])
+    [key] = store.es.security.get_api_key(id=key_id, owner=True)["api_keys"]
+    return tenancy.canonical_roles(key["role_descriptors"])
 
 
 def test_keys_with_the_old_role_are_replaced_once_and_never_revived(ostore, monkeypatch):

@@ -13,17 +13,16 @@ import pytest
 
 from atlas.cli import app
 from atlas.consolidation.consolidate import ensure_state_name
-from atlas.security import tokens
 from atlas.core.errors import AuthError, ValidationError
 from atlas.core.memory import write_episode, write_memory
-from atlas.security.privacy import erase_user, export_user, import_user
 from atlas.core.recall import recall
 from atlas.core.schemas import all_indices, archive_name, index_name, state_name
 from atlas.core.store import Store
 from atlas.core.supersession import archive, history
+from atlas.security import tokens
+from atlas.security.privacy import erase_user, export_user, import_user
 from atlas.stack import open_store
-
-from .conftest import NOW, make_prefix
+from tests.conftest import NOW, make_prefix
 
 QUERIES = ["Where does Alice live?", "How do I reset the hub?", "When did I move?"]
 

@@ -26,16 +26,15 @@ from elasticsearch import ApiError, Elasticsearch
 from elasticsearch import NotFoundError as ESNotFound
 
 from atlas import constants as C
-from atlas.security import tokens
 from atlas.core.documents import build_document
 from atlas.core.errors import NotFound, ValidationError
 from atlas.core.memory import bulk_load, forget_memory, write_memory
 from atlas.core.recall import recall
 from atlas.core.schemas import all_indices, index_name
 from atlas.core.store import Store
+from atlas.security import tokens
 from atlas.serve.mcp_server import BackgroundServer, call_remote, create_app
-
-from .test_mcp import run
+from tests.test_mcp import run
 
 MARKER = "zanzibar"
 ALICE = {"semantic": "Alice's hub is called Beacon and her lantern is blue",

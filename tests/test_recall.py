@@ -10,19 +10,18 @@ import pytest
 from elasticsearch import Elasticsearch
 
 from atlas import constants as C
-from atlas.models.embed import load_embedder
-from atlas.core.errors import NotFound, SchemaMismatch, ValidationError
 from atlas.core.documents import build_document
+from atlas.core.errors import NotFound, SchemaMismatch, ValidationError
+from atlas.core.fusion import rrf_fuse
 from atlas.core.memory import bulk_load, forget_memory, write_episode, write_memory
 from atlas.core.passages import passage_sentences, passage_text
-from atlas.core.fusion import rrf_fuse
-from atlas.research.fusion_study import score_fuse
-from atlas.research.session_pass import build_session_requests, interleave, session_pass
 from atlas.core.recall import build_recall_requests, pre_recall, recall, record_recall, to_kibana
 from atlas.core.schemas import drop_indices, ensure_indices
+from atlas.models.embed import load_embedder
+from atlas.research.fusion_study import score_fuse
+from atlas.research.session_pass import build_session_requests, interleave, session_pass
 from atlas.stack import open_store
-
-from .conftest import NOW, make_prefix
+from tests.conftest import NOW, make_prefix
 
 
 def test_same_turn_visibility(store):
@@ -128,7 +127,8 @@ def test_bm25_ignores_length_and_an_older_index_is_upgraded(store):
     """BM25_B = 0: a long episode and a short one that use the question's word once score alike; an
     index created with Lucene's default (b 0.75) is switched in place, its documents kept."""
     write_episode(store, "sarah", "The hub again", session_id="s1")
-    write_episode(store, "sarah", "The hub blinked red all evening while Biscuit slept by the radiator", session_id="s1")
+    write_episode(store, "sarah", "The hub blinked red all evening while Biscuit slept by the radiator",
+                  session_id="s1")
 
     def bm25_scores() -> list[float]:
         return [h.path_scores["bm25"] for h in recall(store, "sarah", "hub", mode="bm25").hits]
@@ -152,10 +152,12 @@ def test_a_prefix_of_schema_v3_vectors_is_refused_with_the_way_out(es):
     prefix = make_prefix("v3-vectors")
     ensure_indices(es, prefix, 768, 384, vector_index="hnsw", source_vectors=True)
     try:
-        with pytest.raises(SchemaMismatch, match=r"embedding.index_options.type: expected 'bbq_hnsw', found 'hnsw'.*"
-                                                 r"exclude_source_vectors: expected True, found False.*atlas users export"):
+        refusal = (r"embedding.index_options.type: expected 'bbq_hnsw', found 'hnsw'.*"
+                   r"exclude_source_vectors: expected True, found False.*atlas users export")
+        with pytest.raises(SchemaMismatch, match=refusal):
             ensure_indices(es, prefix, 768, 384)
-        assert ensure_indices(es, prefix, 768, 384, vector_index="hnsw", source_vectors=True)[f"{prefix}-semantic"] == "ok"
+        kept = ensure_indices(es, prefix, 768, 384, vector_index="hnsw", source_vectors=True)
+        assert kept[f"{prefix}-semantic"] == "ok"
     finally:
         drop_indices(es, prefix)
 
@@ -169,10 +171,12 @@ def test_an_index_that_cannot_be_closed_is_not_upgraded_silently(store, operator
     operator_es.cluster.put_settings(persistent={"cluster.indices.close.enable": False})
     try:
         with pytest.raises(SchemaMismatch, match="change that failed .closing indices is disabled"):
-            ensure_indices(store.es, store.prefix, store.embedder.dims, store.passage_embedders["rerank_embedding"].dims)
+            ensure_indices(store.es, store.prefix, store.embedder.dims,
+                           store.passage_embedders["rerank_embedding"].dims)
     finally:
         operator_es.cluster.put_settings(persistent={"cluster.indices.close.enable": None})
-    assert store.es.indices.get_settings(index=catalog)[catalog]["settings"]["index"]["similarity"]["default"]["b"] == "0.75"
+    index_settings = store.es.indices.get_settings(index=catalog)[catalog]["settings"]["index"]
+    assert index_settings["similarity"]["default"]["b"] == "0.75"
     assert store.es.cat.indices(index=catalog, h="status").strip() == "open"
 
 
@@ -352,7 +356,8 @@ def test_earlier_context_is_searched_not_embedded(store):
 
 def test_a_speakers_sentences_are_split_and_headed():
     turn = {"text": "Maria: I fixed the garden fence. Then I baked bread for the neighbours! Ok.", "speaker": "Maria"}
-    assert passage_sentences(turn) == ["Maria: I fixed the garden fence.", "Maria: Then I baked bread for the neighbours!"]
+    assert passage_sentences(turn) == ["Maria: I fixed the garden fence.",
+                                       "Maria: Then I baked bread for the neighbours!"]
     assert passage_sentences({**turn, "text": "I fixed the garden fence. Then I baked bread."}) == \
         ["Maria: I fixed the garden fence.", "Maria: Then I baked bread."], "a text without the header gets it"
     assert passage_sentences({"text": turn["text"]}) == [], "no speaker, no sentence vectors"
@@ -364,7 +369,8 @@ def test_the_dense_path_scores_a_turn_by_its_best_vector(store):
     text = ("Maria: I spent the whole morning fixing the garden fence with Tom. Then I baked sourdough bread for "
             "the neighbours. In the evening we watched a long film about volcanoes in Iceland.")
     target = write_episode(store, "sarah", text, session_id="s1", speaker="Maria")
-    write_episode(store, "sarah", "I baked bread for the neighbours. It took all day.", session_id="s1")  # no speaker: no sentences
+    # no speaker: no sentences
+    write_episode(store, "sarah", "I baked bread for the neighbours. It took all day.", session_id="s1")
     plain = store.es.get(index=f"{store.prefix}-episodic", id=target)["_source"]
     assert not {"embedding", "rerank_embedding"} & set(plain) and plain["sentences"] == [{}] * 3, \
         "vectors are indexed, not kept in _source"
@@ -392,8 +398,10 @@ def test_empty_context_writes_nothing(store):
 
 
 def test_a_named_month_lifts_the_episodes_said_then(store):
-    july = write_episode(store, "sarah", "We went camping by the loch with the kids", session_id="s1", ts=NOW - timedelta(days=120))
-    june = write_episode(store, "sarah", "We went camping in the hills with the kids", session_id="s2", ts=NOW - timedelta(days=150))
+    july = write_episode(store, "sarah", "We went camping by the loch with the kids", session_id="s1",
+                         ts=NOW - timedelta(days=120))
+    june = write_episode(store, "sarah", "We went camping in the hills with the kids", session_id="s2",
+                         ts=NOW - timedelta(days=150))
     plain = recall(store, "sarah", "where did we go camping?", k=2)
     assert plain.period is None and plain.ids()[0] == july, "the fixture no longer prefers July without a month"
     named = recall(store, "sarah", "where did we go camping in June?", k=2)

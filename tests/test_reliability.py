@@ -25,16 +25,18 @@ from pathlib import Path
 
 import pytest
 
-from atlas.ops import cluster
 from atlas.core.config import Settings, load_settings
-from atlas.security.connection import connect
 from atlas.core.errors import ConflictError, ConnectionFailed
 from atlas.core.memory import forget_memory, write_episode, write_memory
 from atlas.core.recall import recall, record_recall
 from atlas.core.store import Store
+from atlas.ops import cluster
+from atlas.security.connection import connect
 from atlas.stack import open_store
+from tests.conftest import NOW
 
-from .conftest import NOW
+# A node of its own (the scratch fixture starts it), not the `es` fixture's: marked by hand.
+pytestmark = pytest.mark.cluster
 
 #: "Fail fast": a call to a stopped node raises within this many seconds.
 FAIL_FAST_S = 5.0
@@ -115,7 +117,8 @@ class Writer(threading.Thread):
         while not self.halt.is_set():
             started = time.perf_counter()
             try:
-                self.acknowledged.append(write_episode(self.store, self.user, f"{self.user} turn {len(self.acknowledged)}"))
+                turn = f"{self.user} turn {len(self.acknowledged)}"
+                self.acknowledged.append(write_episode(self.store, self.user, turn))
             except Exception as exc:  # recorded and asserted by the test
                 self.error, self.failed_after_s = exc, time.perf_counter() - started
                 return

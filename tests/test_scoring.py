@@ -10,8 +10,7 @@ from atlas.core.clock import es_date
 from atlas.core.documents import build_document
 from atlas.core.memory import bulk_load
 from atlas.core.scoring import build_scored_query, multiplier, recency, smoothed_success_rate, use_boost
-
-from .conftest import NOW
+from tests.conftest import NOW
 
 AGES = [0, 90, 180, 365, 1000, 2005, 4000]
 USES = [0, 1, 10, 100]

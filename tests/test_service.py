@@ -10,21 +10,20 @@ from pathlib import Path
 
 import pytest
 from elasticsearch import AuthorizationException, BadRequestError
-
 from typer.testing import CliRunner
 
-from atlas.cli import app
 from atlas import constants as C
-from atlas.security import tenancy
+from atlas.cli import app
 from atlas.core.config import load_settings
-from atlas.security.secrets import read_secret
-from atlas.security.connection import connect
-from atlas.ops.errors import ClusterError
 from atlas.core.errors import ConnectionFailed, ValidationError
-from atlas.ops import cluster
 from atlas.core.memory import write_memory
 from atlas.core.recall import recall
+from atlas.ops import cluster
+from atlas.ops.errors import ClusterError
 from atlas.ops.service import build_service_role_body
+from atlas.security import tenancy
+from atlas.security.connection import connect
+from atlas.security.secrets import read_secret
 from atlas.stack import open_store
 
 LOCAL = load_settings().local

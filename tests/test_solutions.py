@@ -20,7 +20,8 @@ import pytest
 
 from atlas.notebook.runner import KERNEL, discover, number, run_notebook
 
-pytestmark = [pytest.mark.notebooks, pytest.mark.cluster]
+# `test_solution_runs` takes the `es` fixture, so tests/conftest.py marks it `cluster`; the others read files.
+pytestmark = pytest.mark.notebooks
 
 ROOT = Path(__file__).resolve().parents[1] / "notebooks"
 LESSONS = discover(ROOT) + discover(ROOT / "cluster")

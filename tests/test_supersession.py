@@ -7,14 +7,13 @@ from datetime import timedelta
 
 import pytest
 
-from atlas.core import supersession
 from atlas.constants import SUPERSEDE_CONFIDENCE_PENALTY
+from atlas.core import supersession
 from atlas.core.errors import AlreadySuperseded, ConflictError, NotFound
 from atlas.core.memory import forget_memory, write_memory
 from atlas.core.recall import recall
 from atlas.core.supersession import archive, history, repair
-
-from .conftest import NOW
+from tests.conftest import NOW
 
 
 def _get(store, doc_id):

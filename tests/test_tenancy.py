@@ -18,19 +18,18 @@ from elasticsearch import AuthorizationException
 from elasticsearch import NotFoundError as ESNotFound
 
 from atlas import constants as C
-from atlas.security import tenancy, tokens
-from atlas.research import leaks
-from atlas.research.leaks import leak_sweep
 from atlas.cli import app
-from atlas.security.secrets import read_secret
-from atlas.core.errors import AuthError, NotFound, ValidationError
 from atlas.core.documents import build_document, prove_ownership
+from atlas.core.errors import AuthError, NotFound, ValidationError
 from atlas.core.memory import bulk_load, forget_memory, record_outcome, write_episode, write_memory
 from atlas.core.recall import recall
 from atlas.core.schemas import all_indices, index_name
 from atlas.core.store import Store
-from atlas.stack import open_store
 from atlas.core.supersession import history
+from atlas.research import leaks
+from atlas.research.leaks import leak_sweep
+from atlas.security import tenancy, tokens
+from atlas.security.secrets import read_secret, users_path
 from atlas.security.tenancy import (
     UnrestrictedReadWarning,
     authenticate_user_key,
@@ -44,9 +43,8 @@ from atlas.security.tenancy import (
     user_client,
     warn_if_service_reads,
 )
-from atlas.security.secrets import users_path
-
-from .conftest import NOW, make_prefix
+from atlas.stack import open_store
+from tests.conftest import NOW, make_prefix
 
 CRAFTED_IDS = ['a" OR *', "*", "alice OR bob", 'alice"}},{"match_all":{}}]}}', "Alice", "", "a" * 65, "-x",
                "alice\n", "al ice", None, 7]
@@ -218,7 +216,7 @@ def test_other_users_documents_cannot_be_read_or_changed(tstore, pair):
         "update": lambda: record_outcome(tstore, "alice", pair["bob_playbook"], True),
         "forget": lambda: forget_memory(tstore, "alice", pair["bob_dog"]),
     }
-    for what, attempt in attempts.items():
+    for attempt in attempts.values():
         with pytest.raises(NotFound):
             attempt()
     assert service_doc(tstore, semantic, pair["bob_dog"]) == before["bob_dog"]
@@ -307,7 +305,8 @@ def test_inspect_service_credential(tstore):
 
 # --- the leak sweep -------------------------------------------------------------------------
 
-PETS = ["Biscuit", "Pepper", "Luna", "Miso", "Juniper", "Tango", "Waffles", "Nimbus", "Pickle", "Ziggy", "Clover", "Rex"]
+PETS = ["Biscuit", "Pepper", "Luna", "Miso", "Juniper", "Tango", "Waffles", "Nimbus", "Pickle", "Ziggy", "Clover",
+        "Rex"]
 CITIES = ["Bristol", "Leeds", "Porto", "Utrecht", "Ghent", "Lyon", "Bergen", "Tartu", "Cork", "Graz", "Bilbao", "Turku"]
 ROOMS = ["hallway", "attic", "nursery", "study", "garage", "porch", "cellar", "loft", "kitchen", "den", "pantry", "bay"]
 

@@ -13,28 +13,52 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import datetime, timedelta
+from functools import partial
 
 import anyio
 import httpx
 import pytest
 from elasticsearch import AuthenticationException
 
-from atlas.cli import app
-from atlas.security import tenancy, tokens
 from atlas import constants as C
-from atlas.security.secrets import read_secret
-from atlas.security.connection import AtlasClient
+from atlas.cli import app
+from atlas.core.clock import utcnow
 from atlas.core.errors import AuthError, NotFound
 from atlas.core.memory import write_memory
 from atlas.core.schemas import index_name
 from atlas.core.store import Store
+from atlas.security import tenancy, tokens
+from atlas.security.connection import AtlasClient
+from atlas.security.secrets import read_secret, tokens_path
 from atlas.security.tenancy import authenticate_user_key, build_role_descriptor, create_user_key, revoke_user_key
+from atlas.serve import mcp_server
 from atlas.serve.mcp_server import BackgroundServer, call_remote, create_app
-
-from .test_mcp import run
+from tests.test_mcp import run
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
 ACCEPT = {"Accept": "application/json, text/event-stream"}
+
+
+class Clocks:
+    """A token verifier's clocks: the real ones, plus however far the test moved them on (no sleeping)."""
+
+    def __init__(self) -> None:
+        self.ahead = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.ahead
+
+    def now(self) -> datetime:
+        return utcnow() + timedelta(seconds=self.ahead)
+
+    def advance(self, seconds: float) -> None:
+        self.ahead += seconds
+
+
+@pytest.fixture
+def clocks() -> Clocks:
+    return Clocks()
 
 
 @pytest.fixture
@@ -43,7 +67,10 @@ def issued(tstore) -> dict[str, tokens.Issued]:
 
 
 @pytest.fixture
-def server(tstore, issued) -> Iterator[BackgroundServer]:
+def server(tstore, issued, clocks, monkeypatch) -> Iterator[BackgroundServer]:
+    """The MCP app in a thread, its token verifier on `clocks`."""
+    monkeypatch.setattr(mcp_server, "TokenVerifier", partial(tokens.TokenVerifier, clock=clocks.monotonic,
+                                                             now=clocks.now))
     with BackgroundServer(create_app(tstore)) as background:
         yield background
 
@@ -103,7 +130,7 @@ def test_cli_shows_a_token_once_never_the_key(tstore, runner):
     assert live_keys(tstore, "alice") == []
 
 
-def test_mcp_refuses_raw_keys_and_forged_expired_revoked_rotated_tokens(tstore, issued, server):
+def test_mcp_refuses_raw_keys_and_forged_expired_revoked_rotated_tokens(tstore, issued, server, clocks):
     sarah_key = tenancy.stored_key(tstore.settings, tstore.prefix, "sarah").encoded
     assert post(server, "sarah", issued["sarah"].secret).status_code == 200
     assert post(server, "sarah", sarah_key).status_code == 401, "a raw Elasticsearch key is not a bearer any more"
@@ -114,7 +141,7 @@ def test_mcp_refuses_raw_keys_and_forged_expired_revoked_rotated_tokens(tstore, 
     rotated = tokens.rotate_user(tstore, "tom")
     revoked_at = tokens.revoke_user(tstore, "sarah")
     assert revoked_at.token_ids and revoked_at.key_ids
-    time.sleep(C.TOKEN_CACHE_SECONDS + 1.1)  # the server's cache honours revocation within this bound
+    clocks.advance(C.TOKEN_CACHE_SECONDS + 1.1)  # the server's cache honours revocation within this bound
     for token, user in ((short.secret, "sarah"), (issued["sarah"].secret, "sarah"), (issued["tom"].secret, "tom")):
         response = post(server, user, token)
         assert response.status_code == 401, (user, response.text)
@@ -122,12 +149,12 @@ def test_mcp_refuses_raw_keys_and_forged_expired_revoked_rotated_tokens(tstore, 
     assert post(server, "tom", rotated.secret).status_code == 200
 
 
-def test_expired_token_is_refused(tstore):
+def test_expired_token_is_refused(tstore, clocks):
     tokens.create_user(tstore, "alice")
     short = tokens.issue_token(tstore, "alice", expiration="1s")
-    verifier = tokens.TokenVerifier(tstore.settings, tstore.prefix)
+    verifier = tokens.TokenVerifier(tstore.settings, tstore.prefix, clock=clocks.monotonic, now=clocks.now)
     assert verifier.verify(short.secret) == "alice"
-    time.sleep(1.2)
+    clocks.advance(1.2)
     with pytest.raises(AuthError, match="expired"):
         verifier.verify(short.secret)
 

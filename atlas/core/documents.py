@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+import numpy as np
 from elasticsearch import ConflictError as ESConflict
 from elasticsearch import Elasticsearch, NotFoundError
 
@@ -112,10 +113,42 @@ def provision_users(store: Store, user_ids: Iterable[str | None]) -> None:
             store.provision(user_id)
 
 
+def build_neighbours_body(user_id: str, vector: Sequence[float], *, size: int = C.HUB_CANDIDATES) -> dict:
+    """The owner's `size` current memories nearest to `vector` (the first model's, whose kNN graph the index has),
+    with their second-model vectors (`rerank_embedding` has no graph: this distribution has no scripts either)."""
+    owned = {"bool": {"filter": [build_sole_owner_filter(user_id)],
+                      "must_not": [{"exists": {"field": "superseded_by"}}]}}
+    return {"size": size, "_source": {"includes": ["rerank_embedding"]},
+            "knn": {"field": "embedding", "query_vector": list(vector), "k": size,
+                    "num_candidates": max(size, C.KNN_NUM_CANDIDATES), "filter": [owned]}}
+
+
+def neighbour_hubness(store: Store, doc: Mapping) -> float | None:
+    """A new memory's `hubness` (`atlas.core.hubness`) among its owner's memories as they stand when it is written:
+    the mean second-model cosine of its HUB_NEIGHBOURS most similar ones, looked for among the HUB_CANDIDATES
+    nearest by the first model. None for an owner's first memory (unknown, not 0)."""
+    user_id = doc["user_id"]
+    found = store.es.search(index=",".join(index_name(store.prefix, t) for t in C.USER_MEMORY_TYPES),
+                            routing=user_id, ignore_unavailable=True,
+                            **build_neighbours_body(user_id, doc["embedding"]))["hits"]["hits"]
+    vectors = np.asarray([hit["_source"]["rerank_embedding"] for hit in found
+                          if "rerank_embedding" in hit["_source"]], dtype=np.float32)
+    if not len(vectors):
+        return None
+    own = np.asarray(doc["rerank_embedding"], dtype=np.float32)
+    cosines = vectors @ own / np.maximum(np.linalg.norm(vectors, axis=1) * np.linalg.norm(own), 1e-12)
+    return round(float(np.sort(cosines)[-C.HUB_NEIGHBOURS:].mean()), 5)
+
+
 def index_document(store: Store, doc: dict, *, refresh: str | None = None) -> str:
-    """Index one document with its vectors (its owner checked, and the owner's read key made, first); returns its id."""
+    """Index one document with its vectors (its owner checked, and the owner's read key made, first) and, with an
+    embedding second stage, a current memory's hubness among its owner's memories (`neighbour_hubness`); returns
+    its id."""
     provision_users(store, [check_owner(doc)])
     embed_documents(store, [doc])
+    if doc.get("user_id") and "rerank_embedding" in doc and not doc.get("superseded_by"):
+        if (value := neighbour_hubness(store, doc)) is not None:
+            doc["hubness"] = value
     resp = store.es.index(index=index_name(store.prefix, doc["memory_type"]), document=doc,
                           routing=routing_of(doc), refresh=refresh or store.refresh)
     return resp["_id"]

@@ -8,9 +8,11 @@ vectors, `rerank_embedding`); the embedding second stage scores a candidate by i
 HUB_PENALTY x hubness, the local scaling of cross-domain similarity (CSLS) applied to one side
 (`atlas.core.fusion.held`; measured in docs/evaluation.md).
 
-Hubness depends on the owner's other memories, so it is computed for all of them at once: by a load before it
-indexes (`attach_hubness`; a load writes each document once) and by consolidation afterwards (`refresh_hubness`),
-not on each write. A memory written since has none and counts as the pool's average.
+Every write path gives a memory its hubness. A single write (`write_episode`, `write_memory`, the MCP and agent
+tools) computes it from the owner's memories as they stand (`documents.neighbour_hubness`); a load computes it
+for its documents among themselves before it indexes them (`attach_hubness`, called by `bulk_load`). A memory's
+neighbours change as its owner writes more, so consolidation recomputes all of an owner's at once
+(`refresh_hubness`). A memory without one (written with no embedding second stage) counts as the pool's average.
 """
 
 from __future__ import annotations

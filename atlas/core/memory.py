@@ -30,6 +30,7 @@ from atlas.core.documents import (
     update_owned,
 )
 from atlas.core.errors import AtlasError, PartialWrite, ValidationError
+from atlas.core.hubness import attach_hubness
 from atlas.core.schemas import index_name
 from atlas.core.scoring import smoothed_success_rate
 from atlas.core.store import Store
@@ -193,8 +194,9 @@ def bulk_load(store: Store, docs: Sequence[dict], *, progress: bool = True, batc
               refresh: bool = True, ids: Sequence[str] | None = None) -> list[str]:
     """Index prepared documents (from `build_document`) with their vectors; returns ids in order.
 
-    Used by data-set loaders and the catalog; the embedding cache makes reruns cheap. `ids`, when
-    given, are used instead of Elasticsearch's own, so loading again overwrites instead of duplicating.
+    Used by data-set loaders, imports and the catalog; the embedding cache makes reruns cheap. The current
+    documents get their hubness among the load's documents of the same owner first (`hubness.attach_hubness`).
+    `ids`, when given, are used instead of Elasticsearch's own, so loading again overwrites instead of duplicating.
     A document marked `archived_from` goes to the archive (`documents.target_index`).
     Every memory needs exactly one owner and a catalog item none (`validation.check_owner`): one that
     does not refuses the whole load, before anything is written.
@@ -208,6 +210,8 @@ def bulk_load(store: Store, docs: Sequence[dict], *, progress: bool = True, batc
     if ids is not None and len(ids) != len(docs):
         raise ValidationError(f"ids has {len(ids)} entries for {len(docs)} documents: give one id per document")
     provision_users(store, [check_owner(d) for d in docs])
+    docs = [dict(d) for d in docs]
+    attach_hubness(store, docs)
     assigned: list[str] = []
 
     def stop(what: str, *, unsent: int) -> PartialWrite:

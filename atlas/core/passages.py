@@ -38,7 +38,7 @@ def passage_sentences(doc: dict) -> list[str]:
     Only for documents that name a speaker (a multi-party transcript such as LoCoMo): in a long turn
     the speaker's name and one thing said sit together in a vector of their own, and the kNN path
     takes a passage's best vector. Plain sentences, without the name, gained nothing
-    (docs/evaluation.md, change 13).
+    (docs/evaluation.md, "Sentence vectors for a speaker's turns").
     """
     if not doc.get("speaker"):
         return []

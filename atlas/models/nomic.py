@@ -15,7 +15,7 @@ mean-pooled by `atlas.models.embed.OnnxEmbedder`. The vocabulary is rebuilt as a
 The fp32 graph is then quantized to int8 (`quantize_per_token`): int8 weights per output channel, and
 activations quantized per token inside the graph, so a text's vector is the same alone or in any batch
 (cosine above 0.9999, tested) and texts are embedded in batches of `C.NOMIC_BATCH`. 209 MB against 548,
-and closer to fp32 than onnxruntime's per-batch dynamic quantization was (docs/evaluation.md, change 14).
+and closer to fp32 than onnxruntime's per-batch dynamic quantization was (docs/evaluation.md, "The models").
 `nomic` loads the int8 model, `nomic-fp32` the other. The build is deterministic: the same packages give
 the same two files, byte for byte.
 

@@ -98,7 +98,7 @@ QUICK = Plan("quick", (1_000, 10_000), recall_reps=30, warmup=3, write_reps=20, 
              throughput_requests=48, ingest_docs=128, embed_texts=128)
 FULL = Plan("full", (1_000, 10_000, 100_000), recall_reps=150, warmup=5, write_reps=60, clients=(1, 4, 16),
             throughput_requests=160, ingest_docs=512, embed_texts=512)
-#: The growth curve to a million memories (issue 19): recall as in `FULL`, the rest as in `QUICK`.
+#: The growth curve to a million memories : recall as in `FULL`, the rest as in `QUICK`.
 MILLION = replace(FULL, name="million", scales=(10_000, 100_000, 1_000_000), write_reps=20, throughput_requests=48,
                   ingest_docs=128, embed_texts=128)
 PLANS = {plan.name: plan for plan in (SMOKE, QUICK, FULL, MILLION)}

@@ -1,4 +1,4 @@
-"""Three local nodes beside one, in one run (issue 20): `atlas bench-nodes`.
+"""Three local nodes beside one, in one run: `atlas bench-nodes`.
 
 The same synthetic corpus (`atlas.research.bench`) is loaded into each cluster in turn: recall p50/p95 per
 mode with routing (`routing=user_id`, one shard per index) and without (every shard), write latency (with

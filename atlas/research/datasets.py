@@ -25,7 +25,6 @@ from atlas.core.clock import es_date
 from atlas.core.config import REPO_ROOT
 from atlas.core.documents import build_document
 from atlas.core.errors import AtlasError
-from atlas.core.hubness import attach_hubness, has_hubness
 from atlas.core.memory import bulk_load, parse_when
 from atlas.core.passages import context_before
 from atlas.core.scoring import smoothed_success_rate
@@ -215,19 +214,14 @@ def load_once(store: Store, docs: Sequence[dict], name: str, *,
         ids = {key: doc["id"] for key, doc in held.items()}
         actual = {key: {k: v for k, v in doc.items() if k not in ("id", "hubness")} for key, doc in held.items()}
         if len(held) == len(docs) and actual == _expected_state(docs, link(ids) if link else {}, ids):
-            current = [doc for doc in held.values() if not doc.get("superseded_by")]
-            if has_hubness(store) and any("hubness" not in doc for doc in current):
-                raise AtlasError(f"prefix {store.prefix} holds {name} without hubness (loaded before change 15 of "
-                                 "docs/evaluation.md): drop the prefix (Store.drop, or --fresh) and load again")
             return ids
         raise AtlasError(f"prefix {store.prefix} holds {len(held)} of the {len(docs)} documents of {name}, or another "
                          f"version of them: drop the prefix (Store.drop, or --fresh) and load again")
-    # Ids and hubness are settled before indexing so that the links and hubness are written with the documents:
+    # Ids are settled before indexing so that the links (and `bulk_load`'s hubness) are written with the documents:
     # a second pass of updates would leave old copies behind, which BM25's statistics count until Lucene merges them.
     ids = {key: loaded_id(store.prefix, key) for key in keys}
     links = link(ids) if link else {}
     loaded = [{**doc, **links.get(doc["source_key"], {})} for doc in docs]
-    attach_hubness(store, loaded)
     bulk_load(store, loaded, progress=progress, ids=list(ids.values()))
     return ids
 

@@ -18,7 +18,7 @@ from atlas.core.store import Store
 #: The session pass (off at 0): the sessions of the first k hits, at most this many, are searched again, each on
 #: its own (BM25 and kNN, one more `_msearch`), and the best SESSION_PASS_TURNS turns of each are interleaved
 #: after the first SESSION_PASS_KEEP hits (`session_pass`). Measured on LoCoMo dev and not adopted
-#: (docs/evaluation.md, "Spread-out evidence"): the values are the best of that study.
+#: (docs/evaluation.md, "The session pass"): the values are the best of that study.
 SESSION_PASS = 0
 SESSION_PASS_TURNS = 2
 SESSION_PASS_KEEP = 7

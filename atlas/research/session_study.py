@@ -1,10 +1,10 @@
-"""Recall options as studies (issue 22): the default mode with and without one, question by question.
+"""Recall options as studies: the default mode with and without one, question by question.
 
 `ask_arms` asks every question once per arm (`ask` with the arm's recall options: the session pass of `ARMS`,
 hubness of `HUB_ARMS`); `paired` gives each category's mean in both arms and the paired gain with its bootstrap
 interval; `found_by_pass` lists the questions whose evidence an arm brings into the top k, and `evidence_places`
 shows one of them hit by hit. `scripts/session_study.py` runs the session pass on LoCoMo dev and the persona set
-(docs/evaluation.md, "Spread-out evidence"); notebook 09 runs the hubness arms.
+(docs/evaluation.md, "The session pass"); notebook 09 runs the hubness arms.
 """
 
 from __future__ import annotations

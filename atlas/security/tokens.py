@@ -167,12 +167,12 @@ class TokenVerifier:
     token revoked or rotated by any process stops working within that bound; expiry is checked on
     every call. Lookup is by the sha256 of the presented token, so its timing tells a caller only
     about a hash they chose themselves, never about a stored one (no compare needs to be
-    constant-time).
+    constant-time). `clock` times the cache, `now` (wall clock) the expiry: tests move them on.
     """
 
     def __init__(self, settings: Settings, prefix: str, *, ttl: float = C.TOKEN_CACHE_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.path, self.prefix, self.ttl, self.clock = tokens_path(settings), prefix, ttl, clock
+                 clock: Callable[[], float] = time.monotonic, now: Callable[[], datetime] = utcnow) -> None:
+        self.path, self.prefix, self.ttl, self.clock, self.now = tokens_path(settings), prefix, ttl, clock, now
         self.lock = threading.Lock()
         self.by_digest: dict[str, UserToken] = {}
         self.loaded_at: float | None = None
@@ -195,7 +195,7 @@ class TokenVerifier:
         token = self.table().get(digest(secret))
         if token is None:
             raise AuthError("this token is unknown: ask the operator for a new one (`atlas users rotate <user>`)")
-        state = token.state()
+        state = token.state(now=self.now())
         if state != "active":
             raise AuthError(f"this token was {state}: ask the operator for a new one "
                             f"(`atlas users rotate {token.user_id}`)")
