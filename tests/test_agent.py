@@ -54,6 +54,8 @@ def test_without_a_model_the_turn_still_stores_and_recalls(store):
     assert any("Beacon" in h.text for h in result.pre_recall.hits)
     assert result.messages[-2]["tool_calls"][0]["function"]["name"] == "recall_memory"
     assert "Beacon" in result.messages[-1]["content"]
+    assert result.episode_id not in result.pre_recall.ids(), "the turn is not recalled as its own memory"
+    assert result.messages[-2]["content"] == "", "a string, never null: llama.cpp's server refuses null"
 
 
 def test_the_recall_payload_names_the_period_it_boosted(store):
@@ -121,6 +123,16 @@ def test_endpoint_failures_become_llm_error_after_backoff(store):
             agent.turn("hello there")
     assert waits == [1.0, 2.0, 4.0]
     assert episodes(store) == ["hello there"]
+
+
+def test_a_server_error_listing_validation_errors_is_not_retried(store):
+    """llama.cpp's server answers a message it cannot validate with a 500 and the errors: a verdict, not a fault."""
+    body = {"error": {"message": "3 validation errors for ChatCompletionRequest: messages.2.content ..."}}
+    with scripted_llm([(500, body)]) as stub:
+        with pytest.raises(LLMError, match="refused the request .*500.*validation error"):
+            Agent(store, "sarah", settings=online(store, stub), sleep=lambda s: None).turn("hi")
+    assert len(stub.requests) == 1
+    assert episodes(store) == ["hi"], "the turn's episode is written before the model is asked"
 
 
 def test_refusal_is_not_retried(store):

@@ -383,6 +383,12 @@ def clip_query(text: str, *, limit: int = C.MAX_QUERY_CHARS) -> str:
     return words[0] if len(words) == 2 else head[:limit]
 
 
-def pre_recall(store: Store, user_id: str, message: str, *, k: int = C.RECALL_K) -> RecallResult:
-    """The recall every agent turn starts with: on the user's verbatim message (its head if long), default mode."""
-    return recall(store, user_id, clip_query(message), k=k)
+def pre_recall(store: Store, user_id: str, message: str, *, k: int = C.RECALL_K,
+               written: str | None = None) -> RecallResult:
+    """The recall every agent turn starts with: on the user's verbatim message (its head if long), default mode.
+
+    `written` is the id of the episode the turn just stored: it is the message itself, so it is left out (the
+    recall asks for one more hit to keep `k`)."""
+    result = recall(store, user_id, clip_query(message), k=k + (written is not None))
+    result.hits = [hit for hit in result.hits if hit.id != written][:k]
+    return result

@@ -59,6 +59,12 @@ def first_message(completion: ChatCompletion) -> ChatCompletionMessage:
     return completion.choices[0].message
 
 
+def rejected(exc: openai.APIStatusError) -> bool:
+    """A server error that is a verdict on the request, not a passing fault: llama.cpp's server answers a message it
+    cannot validate with a 500 that lists the validation errors."""
+    return exc.status_code == 500 and "validation error" in str(exc).lower()
+
+
 def complete(client: OpenAI, *, model: str, messages: Sequence[ChatCompletionMessageParam],
              parse: Callable[[ChatCompletion], T], attempts: int = C.LLM_ATTEMPTS, backoff: float = C.LLM_BACKOFF,
              sleep: Callable[[float], None] | None = None, **options: Any) -> T:
@@ -72,13 +78,17 @@ def complete(client: OpenAI, *, model: str, messages: Sequence[ChatCompletionMes
             (sleep or time.sleep)(backoff * 2 ** (attempt - 1))
         try:
             return parse(client.chat.completions.create(model=model, messages=list(messages), **options))
+        except openai.APIStatusError as exc:
+            if isinstance(exc, TRANSIENT) and not rejected(exc):
+                last = f"{type(exc).__name__}: {exc}"
+                continue
+            raise LLMError(f"the model endpoint refused the request ({exc.status_code}: {exc.message}): sending it "
+                           "again would not help; check ATLAS_LLM_MODEL, OPENAI_BASE_URL and OPENAI_API_KEY, or what "
+                           "the server says it cannot accept") from None
         except TRANSIENT as exc:
             last = f"{type(exc).__name__}: {exc}"
         except LLMError as exc:
             last = f"unusable output: {exc}"
-        except openai.APIStatusError as exc:
-            raise LLMError(f"the model endpoint refused the request ({exc.status_code}: {exc.message}): check "
-                           "ATLAS_LLM_MODEL, OPENAI_BASE_URL and OPENAI_API_KEY") from None
     raise LLMError(f"the model endpoint failed {attempts} times (last: {last}): check that it is up, or retry later")
 
 

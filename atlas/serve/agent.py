@@ -83,7 +83,8 @@ def injected_recall(k: int, result: RecallResult) -> list[ChatCompletionMessageP
     (its query is the message, or the head of a message longer than a query may be)."""
     call: ChatCompletionMessageFunctionToolCallParam = {"id": PRE_RECALL_CALL_ID, "type": "function",
             "function": {"name": "recall_memory", "arguments": json.dumps({"query": result.query, "k": k})}}
-    return [{"role": "assistant", "content": None, "tool_calls": [call]},
+    # A string content, never null: llama.cpp's server refuses a null one (the OpenAI API takes both).
+    return [{"role": "assistant", "content": "", "tool_calls": [call]},
             {"role": "tool", "tool_call_id": PRE_RECALL_CALL_ID,
              "content": json.dumps(recall_payload(result), ensure_ascii=False)}]
 
@@ -128,7 +129,7 @@ class Agent:
                     if isinstance(content := m.get("content"), str) and content]
         episode_id = write_episode(self.store, self.user_id, message, session_id=self.session_id,
                                    context=exchange or None)
-        recalled = pre_recall(self.store, self.user_id, message, k=self.k)
+        recalled = pre_recall(self.store, self.user_id, message, k=self.k, written=episode_id)
         record_recall(self.store, recalled)
         messages: list[ChatCompletionMessageParam] = [
             {"role": "system", "content": SYSTEM_PROMPT}, *self.history, {"role": "user", "content": message},
@@ -155,7 +156,7 @@ class Agent:
             if not requested:
                 messages.append({"role": "assistant", "content": reply.content or ""})
                 return reply.content or ""
-            messages.append({"role": "assistant", "content": reply.content, "tool_calls": [
+            messages.append({"role": "assistant", "content": reply.content or "", "tool_calls": [
                 {"id": c.id, "type": "function",
                  "function": {"name": c.function.name, "arguments": c.function.arguments}}
                 for c in requested]})
