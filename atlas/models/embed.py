@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from tokenizers import Encoding
 
 __all__ = [
-    "CachedEmbedder", "E5Small", "Embedder", "EmbeddingError", "HttpEmbedder", "MiniLM", "Nomic",
+    "CachedEmbedder", "E5Small", "Embedder", "EmbeddingError", "HttpEmbedder", "MiniLM", "Nomic", "NoisyQueries",
     "OnnxEmbedder", "SentenceTransformerEmbedder", "TruncationWarning", "load_embedder",
 ]
 
@@ -492,6 +492,64 @@ class CachedEmbedder:
         return filled
 
 
+# --- robustness check ---------------------------------------------------------------
+
+class NoisyQueries:
+    """A robustness check, not a model: `inner` with seeded Gaussian noise added to its QUERY vectors.
+
+    The int8 ONNX kernels and Elasticsearch's approximate kNN are not bit-identical across processors,
+    so a query vector, and every score and near-tie derived from it, moves slightly from one machine
+    to another. This wrapper simulates another processor: each query vector gets noise of standard
+    deviation `scale` per coordinate and is normalised again, so its cosine with any stored unit vector
+    moves by about `scale` (a normal deviate of that standard deviation). Passages are untouched and
+    `name` is the inner model's, so stored documents and cache keys match those of the clean model;
+    wrap the cached embedder (`load_embedder` does), so that noisy vectors never enter the cache.
+    The noise of a text depends only on (`seed`, the text): the same on every call, batch and run.
+    Spec: ``noisy:<scale>[/<seed>]:<inner spec>``, e.g. ``ATLAS_EMBEDDER=noisy:3e-4:nomic``.
+    """
+
+    def __init__(self, inner: Embedder, scale: float, *, seed: int = 0) -> None:
+        if not (np.isfinite(scale) and scale >= 0):
+            raise EmbeddingError(f"noise scale must be a finite number >= 0, not {scale!r}")
+        self.inner = inner
+        self.name = inner.name
+        self.dims = inner.dims
+        self.scale = float(scale)
+        self.seed = int(seed)
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        texts = _as_list(texts)
+        vectors = np.asarray(self.inner.embed_queries(texts), dtype=np.float32)
+        if not texts or self.scale == 0:  # scale 0 is the control: the inner vectors bit for bit
+            return vectors
+        noise = np.stack([self.noise(text) for text in texts])
+        return _normalise(vectors.astype(np.float64) + noise)
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        return self.inner.embed_passages(texts)
+
+    def noise(self, text: str) -> np.ndarray:
+        """The noise added to `text`'s query vector (before normalising again): seeded by the seed and the text."""
+        digest = hashlib.sha256(text.encode("utf-8")).digest()
+        rng = np.random.default_rng([self.seed, int.from_bytes(digest[:8], "little")])
+        return rng.standard_normal(self.dims) * self.scale
+
+
+def _noisy(spec: str, *, cache_dir: str | Path | None, progress: bool | None) -> NoisyQueries:
+    """``noisy:<scale>[/<seed>]:<inner spec>``: the inner embedder (cached when asked) under `NoisyQueries`."""
+    _, _, rest = spec.partition(":")
+    setting, _, inner = rest.partition(":")
+    scale, _, seed = setting.partition("/")
+    problem = EmbeddingError(f"embedder spec {spec!r} is not noisy:<scale>[/<seed>]:<inner spec> (noisy:3e-4:nomic)")
+    if not inner:
+        raise problem
+    try:
+        value, number = float(scale), int(seed or 0)
+    except ValueError:
+        raise problem from None
+    return NoisyQueries(load_embedder(inner, cache_dir=cache_dir, progress=progress), value, seed=number)
+
+
 # --- specs ------------------------------------------------------------------------
 
 _NAMED: dict[str, Callable[[], Embedder]] = {
@@ -517,8 +575,12 @@ def load_embedder(spec: str, *, cache_dir: str | Path | None = None, progress: b
       - ``st:/path/to/model``: a sentence-transformers folder (optional package).
       - ``http://host:port/v1#model-name`` (or https): an OpenAI-compatible server; the API key,
         if any, comes from the ATLAS_EMBED_API_KEY environment variable.
+      - ``noisy:<scale>[/<seed>]:<inner spec>``: a robustness check, the inner embedder with seeded noise
+        on its query vectors only (`NoisyQueries`), as another processor would give; same `name`.
     """
     spec = spec.strip()
+    if spec.startswith("noisy:"):
+        return _noisy(spec, cache_dir=cache_dir, progress=progress)
     embedder = _load(spec.lower() if spec.lower() in _NAMED else spec)
     return CachedEmbedder(embedder, cache_dir, progress=progress) if cache_dir is not None else embedder
 

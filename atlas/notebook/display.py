@@ -4,7 +4,8 @@ Everything returns a `Table` (or prints), which renders as HTML in Jupyter and a
 plain text elsewhere (papermill logs, nbval, a terminal), without pandas. Output is
 deterministic: floats carry 3 decimals, dates are shown as days, and document ids are
 shown by the caller's `labels` ({id: "fact:bristol"}) when given, else shortened to
-`<7 chars>…` (masked by `notebooks/sanitize.cfg`).
+`<7 chars>…` (masked by `notebooks/sanitize.cfg`). A model's own score, which differs between
+processors at the third decimal (issue 33), is shown by `approx` as `≈0.85`, and masked too.
 """
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ from atlas.reporting import TEXT_WIDTH, Table, table, truncate
 if TYPE_CHECKING:  # annotations only: importing consolidation pulls in openai, a second per notebook kernel
     from atlas.consolidation.consolidate import ConsolidationReport, Decision
 
-#: Leading values of a query vector kept when a request is printed.
+#: Leading values of a query vector kept when a request is printed (masked by `notebooks/sanitize.cfg`: they are
+#: the model's raw output, which differs between processors).
 VECTOR_HEAD = 3
+#: Decimals of a score `approx` shows.
+APPROX_DECIMALS = 2
 
 
 def short_id(doc_id: str | None, labels: Mapping[str, str] | None = None) -> str:
@@ -41,6 +45,21 @@ def short_id(doc_id: str | None, labels: Mapping[str, str] | None = None) -> str
     if labels and doc_id in labels:
         return labels[doc_id]
     return doc_id[:7] + "…"
+
+
+def approx(value: float | None, decimals: int = APPROX_DECIMALS) -> str | None:
+    """A score that a processor moves, as `≈0.85` (None stays empty).
+
+    A model's cosine (the second stage's score, a memory's hubness) comes from int8 or 4-bit kernels that are not
+    bit-identical across processors: it moves at the third decimal from an Intel to an AMD or ARM machine, and any
+    rounding of it flips on some machine. The mark tells the reader so, and `notebooks/sanitize.cfg` masks
+    marked values, so nbval compares the rows (what ranks where), not the decimals. Never for a value a lesson
+    teaches: assert that in the cell, with a margin.
+    """
+    if value is None:
+        return None
+    text = f"{value:.{decimals}f}"
+    return f"≈{text.removeprefix('-') if float(text) == 0 else text}"  # no "-0.00"
 
 
 def invert(names: Mapping[str, str]) -> dict[str, str]:
@@ -54,14 +73,15 @@ def invert(names: Mapping[str, str]) -> dict[str, str]:
 def hits_table(result: RecallResult, *, labels: Mapping[str, str] | None = None, width: int = TEXT_WIDTH,
                title: str | None = None) -> Table:
     """One row per hit: rank, id, type, text, rank in each path, fused score, second stage, the hubness held
-    against it (a column only when some hit has one, `atlas.core.hubness`), superseded."""
+    against it (a column only when some hit has one, `atlas.core.hubness`), superseded. The second stage's score
+    and the hubness are a model's cosines, shown by `approx` (they differ between processors)."""
     paths = ("bm25", "dense")
     rows = []
     for rank, hit in enumerate(result.hits, start=1):
         rows.append({
             "rank": rank, "id": short_id(hit.id, labels), "type": hit.memory_type, "text": truncate(hit.text, width),
             **{path: hit.ranks.get(path) for path in paths},
-            "score": hit.score, "second": hit.second_stage_score, "hub": hit.hubness,
+            "score": hit.score, "second": approx(hit.second_stage_score), "hub": approx(hit.hubness),
             "superseded": f"by {short_id(hit.superseded_by, labels)}" if hit.superseded_by else "",
         })
     if title is None:
