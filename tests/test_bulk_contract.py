@@ -85,23 +85,21 @@ def test_ids_must_match_the_documents(store):
     assert stored(store) == {}
 
 
-def test_an_embedding_failure_after_written_batches_reports_them_and_sends_nothing_more(store, monkeypatch):
-    """The third batch cannot be embedded while the second is being indexed: both written batches are
-    reported, and neither the third nor any later one is sent."""
+def test_an_embedding_failure_writes_nothing(store, monkeypatch):
+    """Every document is embedded before any is sent (hubness needs the whole load's vectors): a batch that
+    cannot be embedded, even the last, raises the model's error and leaves the prefix empty."""
     docs = episodes(4 * BATCH)
     inner = store.embedder.embed_passages
 
     def embed(texts):
-        if any(text == docs[2 * BATCH]["text"] for text in texts):
+        if any(text == docs[-1]["text"] for text in texts):
             raise EmbeddingError("the model ran out of memory")
         return inner(texts)
 
     monkeypatch.setattr(store.embedder, "embed_passages", embed)
-    with pytest.raises(PartialWrite, match="so they were not written") as info:
+    with pytest.raises(EmbeddingError, match="ran out of memory"):
         bulk_load(store, docs, batch=BATCH, progress=False)
-    assert len(info.value.indexed_ids) == 2 * BATCH
-    assert sorted(stored(store).values()) == sorted(doc["text"] for doc in docs[:2 * BATCH])
-    assert f"{2 * BATCH} later ones were not sent" in str(info.value)
+    assert stored(store) == {}
 
 
 def test_a_cold_load_without_progress_draws_nothing(es, tmp_path, capfd):

@@ -7,7 +7,7 @@ import pytest
 
 from atlas import constants as C
 from atlas.core import hubness as hub
-from atlas.core.documents import build_document
+from atlas.core.documents import build_document, embed_documents
 from atlas.core.errors import ValidationError
 from atlas.core.hubness import attach_hubness, build_hubness_query, hubness, refresh_hubness
 from atlas.core.memory import bulk_load, write_episode, write_memory
@@ -77,7 +77,7 @@ def test_small_talk_gives_way_to_the_specific_turn(store):
         assert refresh_hubness(store, "kai") == len(SMALL_TALK) + 1 + len(OTHERS)  # only kai's memories
     assert texts(tuning=Tuning(hub_penalty=0)) == off
     ana = store.es.search(index=store.indices, query={"term": {"user_id": "ana"}})["hits"]["hits"][0]["_source"]
-    assert "hubness" not in ana, "an owner's first memory has no neighbours: its hubness is unknown, not 0"
+    assert ana["hubness"] is None, "an owner's first memory has no neighbours: its hubness is unknown (null), not 0"
 
 
 def test_every_write_path_writes_hubness(store):
@@ -89,7 +89,7 @@ def test_every_write_path_writes_hubness(store):
     sources = {hit["_id"]: hit["_source"] for hit in store.es.search(
         index=store.indices, query={"term": {"user_id": "kai"}}, source={"exclude_vectors": False})["hits"]["hits"]}
     vectors = np.asarray([sources[first]["rerank_embedding"], sources[second]["rerank_embedding"]], dtype=np.float32)
-    assert "hubness" not in sources[first]
+    assert sources[first]["hubness"] is None  # stored as null, so that an export carries it as it is
     assert sources[second]["hubness"] == pytest.approx(float(hubness(vectors)[1]), abs=1e-4)
     from datetime import UTC, datetime
 
@@ -101,19 +101,23 @@ def test_every_write_path_writes_hubness(store):
 
 def test_a_load_attaches_hubness_per_owner_before_indexing(store):
     """A load computes hubness among each owner's own documents (the catalog's among the catalog's); a superseded
-    fact gets none, since recall never shows it."""
+    fact gets none, since recall never shows it; a document that carries one (an import's, even null) keeps it."""
     from datetime import UTC, datetime
 
     now = datetime(2026, 12, 1, tzinfo=UTC)
     docs = [build_document("kai", text, "episodic", now) for text in (*SMALL_TALK, CAMPING)]
     docs += [build_document("ana", "Ana went camping at the beach too", "semantic", now),
              build_document("ana", "Ana lives in Porto", "semantic", now, superseded_by="x"),
-             build_document(None, "Camping stove, 2 burners", "catalog", now)]
+             build_document(None, "Camping stove, 2 burners", "catalog", now),
+             {**build_document("lea", "Lea's first memory", "episodic", now), "hubness": None},
+             {**build_document("lea", "Lea's second memory", "episodic", now), "hubness": 0.5}]
+    embed_documents(store, docs)
     attach_hubness(store, docs)
     kai = np.asarray([doc["rerank_embedding"] for doc in docs[:6]], dtype=np.float32)
     assert [doc["hubness"] for doc in docs[:6]] == pytest.approx(hubness(kai).tolist(), abs=1e-5)
     assert docs[6]["hubness"] == 0.0 and docs[8]["hubness"] == 0.0  # alone among their owner's documents
     assert "hubness" not in docs[7]
+    assert [docs[9]["hubness"], docs[10]["hubness"]] == [None, 0.5]
 
 
 @pytest.mark.parametrize("penalty", [-1, 11, "1", True, None])

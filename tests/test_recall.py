@@ -422,7 +422,7 @@ def test_the_session_pass_brings_a_found_sessions_next_turn_up(store):
     """Searched on its own, the session of the first hit gives its second-best turn, which the whole memory ranks
     below turns of other sessions; with `keep` 1 it takes place 2. The pass is off by default."""
     top = write_episode(store, "sarah", "We went hiking in the Brecon mountains with the dog", session_id="trip")
-    later = write_episode(store, "sarah", "Biscuit slept in the tent all night after the long walk", session_id="trip")
+    later = write_episode(store, "sarah", "Biscuit slept in the tent all night", session_id="trip")
     write_episode(store, "sarah", "The hub firmware update finished overnight", session_id="trip")
     for i, text in enumerate(["I like hiking boots with a stiff sole", "Snowdon is the highest of the mountains here",
                               "The dog walker comes on Tuesdays", "Hiking poles are on sale at the outdoor shop"]):

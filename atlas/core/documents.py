@@ -147,8 +147,7 @@ def index_document(store: Store, doc: dict, *, refresh: str | None = None) -> st
     provision_users(store, [check_owner(doc)])
     embed_documents(store, [doc])
     if doc.get("user_id") and "rerank_embedding" in doc and not doc.get("superseded_by"):
-        if (value := neighbour_hubness(store, doc)) is not None:
-            doc["hubness"] = value
+        doc["hubness"] = neighbour_hubness(store, doc)  # null for the first: an export carries it as it is
     resp = store.es.index(index=index_name(store.prefix, doc["memory_type"]), document=doc,
                           routing=routing_of(doc), refresh=refresh or store.refresh)
     return resp["_id"]

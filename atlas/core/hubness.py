@@ -10,9 +10,10 @@ HUB_PENALTY x hubness, the local scaling of cross-domain similarity (CSLS) appli
 
 Every write path gives a memory its hubness. A single write (`write_episode`, `write_memory`, the MCP and agent
 tools) computes it from the owner's memories as they stand (`documents.neighbour_hubness`); a load computes it
-for its documents among themselves before it indexes them (`attach_hubness`, called by `bulk_load`). A memory's
-neighbours change as its owner writes more, so consolidation recomputes all of an owner's at once
-(`refresh_hubness`). A memory without one (written with no embedding second stage) counts as the pool's average.
+for its documents among themselves before it indexes them (`attach_hubness`, called by `bulk_load`; an import keeps
+the exported one). A memory's neighbours change as its owner writes more, so consolidation recomputes all of an
+owner's at once (`refresh_hubness`). A memory without one (an owner's first, or written with no embedding second
+stage) counts as the pool's average.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 from elasticsearch import helpers
 
 from atlas import constants as C
-from atlas.core.documents import embed_documents, pages
+from atlas.core.documents import pages
 from atlas.core.errors import AtlasError
 from atlas.core.schemas import build_sole_owner_filter, index_name
 from atlas.core.store import Store
@@ -57,20 +58,19 @@ def has_hubness(store: Store) -> bool:
 
 
 def attach_hubness(store: Store, docs: list[dict]) -> None:
-    """Set `hubness` on each current document of `docs` (not superseded, not archived) from the others of its owner
-    among them, embedding them first (`embed_documents`, whose cache the load then reuses); nothing without an
-    embedding second stage."""
+    """Set `hubness` on each current document of `docs` (not superseded, not archived, embedded by `embed_documents`)
+    from the others of its owner among them; a document that already has the field (an import's, even null) keeps
+    it, so that an import restores what was exported. Nothing without an embedding second stage."""
     if not has_hubness(store):
         return
-    current = [doc for doc in docs if not doc.get("superseded_by") and not doc.get("archived_from")]
-    embed_documents(store, current)
     owners: dict[str | None, list[dict]] = {}
-    for doc in current:
-        owners.setdefault(doc.get("user_id"), []).append(doc)
+    for doc in docs:
+        if not doc.get("superseded_by") and not doc.get("archived_from"):
+            owners.setdefault(doc.get("user_id"), []).append(doc)
     for group in owners.values():
         values = stored(hubness(np.asarray([doc["rerank_embedding"] for doc in group], dtype=np.float32)))
         for doc, value in zip(group, values, strict=True):
-            doc["hubness"] = value
+            doc.setdefault("hubness", value)
 
 
 def build_hubness_query(user_id: str | None) -> dict:

@@ -9,7 +9,6 @@ then updates with optimistic concurrency (`atlas.core.documents`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from typing import TypedDict
 
@@ -194,71 +193,56 @@ def bulk_load(store: Store, docs: Sequence[dict], *, progress: bool = True, batc
               refresh: bool = True, ids: Sequence[str] | None = None) -> list[str]:
     """Index prepared documents (from `build_document`) with their vectors; returns ids in order.
 
-    Used by data-set loaders, imports and the catalog; the embedding cache makes reruns cheap. The current
-    documents get their hubness among the load's documents of the same owner first (`hubness.attach_hubness`).
+    Used by data-set loaders, imports and the catalog; the embedding cache makes reruns cheap.
     `ids`, when given, are used instead of Elasticsearch's own, so loading again overwrites instead of duplicating.
     A document marked `archived_from` goes to the archive (`documents.target_index`).
     Every memory needs exactly one owner and a catalog item none (`validation.check_owner`): one that
     does not refuses the whole load, before anything is written.
 
-    Documents go in `_bulk` batches of `batch`, one request in flight, while the next batch is embedded.
-    A document the cluster refuses stops the load after its batch: `ValidationError` when nothing at
-    all was written, otherwise `PartialWrite`, whose `indexed_ids` are every document written so far
-    (the earlier batches and the accepted documents of the failing one); later batches are not sent.
-    `progress` draws one bar for the whole load (the store's embedding caches draw none of their own).
+    Every document is embedded first, in batches of `batch`, and the current ones get their hubness among the
+    load's documents of the same owner (`hubness.attach_hubness`, which keeps one a document already carries, as
+    an import's do); an embedding failure therefore writes nothing. The documents then go in `_bulk` batches of
+    `batch`. A document the cluster refuses stops the load after its batch: `ValidationError` when nothing at
+    all was written, otherwise `PartialWrite`, whose `indexed_ids` are every document written so far (the earlier
+    batches and the accepted documents of the failing one); later batches are not sent.
+    `progress` draws one bar per stage (the store's embedding caches draw none of their own).
     """
     if ids is not None and len(ids) != len(docs):
         raise ValidationError(f"ids has {len(ids)} entries for {len(docs)} documents: give one id per document")
     provision_users(store, [check_owner(d) for d in docs])
     docs = [dict(d) for d in docs]
+    with tqdm(total=len(docs), desc="embedding", unit="doc", disable=not progress) as bar:
+        for start in range(0, len(docs), batch):
+            embed_documents(store, docs[start:start + batch])
+            bar.update(len(docs[start:start + batch]))
     attach_hubness(store, docs)
     assigned: list[str] = []
-
-    def stop(what: str, *, unsent: int) -> PartialWrite:
-        return _partial_write(store, assigned, unsent=unsent, refresh=refresh, ids_given=ids is not None, what=what)
-
-    def settle(start: int, size: int, sent: Future) -> None:
-        """Wait for a batch's `_bulk` and account for it: its ids, or the error that stops the load."""
-        try:
-            items = [item["index"] for item in sent.result()["items"]]
-        except (AtlasError, ApiError, TransportError) as exc:
-            if not assigned:
-                raise
-            raise stop(f"the batch of documents {start}-{start + size - 1} failed ({type(exc).__name__}: {exc}), "
-                       f"and some of them may have been written too", unsent=len(docs) - start - size) from exc
-        assigned.extend(item["_id"] for item in items if not item.get("error"))
-        refused = [(start + i, item["error"]) for i, item in enumerate(items) if item.get("error")]
-        if refused:
-            position, error = refused[0]
-            what = (f"{len(refused)} of the documents {start}-{start + size - 1} were refused "
-                    f"(first: document {position}, {error.get('type')}: {error.get('reason')})")
-            if not assigned:
-                raise ValidationError(f"{what}: nothing was written; fix them and load again")
-            raise stop(what, unsent=len(docs) - start - size)
-        bar.update(size)
-
-    in_flight: tuple[int, int, Future] | None = None
-    with tqdm(total=len(docs), desc="embedding and indexing", unit="doc", disable=not progress) as bar, \
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="atlas-bulk") as sender:
+    with tqdm(total=len(docs), desc="indexing", unit="doc", disable=not progress) as bar:
         for start in range(0, len(docs), batch):
-            chunk = [dict(d) for d in docs[start:start + batch]]
-            try:
-                embed_documents(store, chunk)  # while the previous batch is being indexed
-            except AtlasError as exc:
-                if in_flight:
-                    settle(*in_flight)
-                if not assigned:
-                    raise
-                raise stop(f"embedding the documents {start}-{start + len(chunk) - 1} failed ({type(exc).__name__}: "
-                           f"{exc}), so they were not written", unsent=len(docs) - start) from exc
-            if in_flight:
-                settle(*in_flight)
+            chunk = docs[start:start + batch]
             body = [line for i, d in enumerate(chunk)
                     for line in ({"index": {"_index": target_index(store.prefix, d), "routing": routing_of(d),
                                             **({"_id": ids[start + i]} if ids else {})}}, d)]
-            in_flight = (start, len(chunk), sender.submit(store.es.bulk, operations=body, refresh=False))
-        if in_flight:
-            settle(*in_flight)
+            unsent = len(docs) - start - len(chunk)
+            try:
+                items = [item["index"] for item in store.es.bulk(operations=body, refresh=False)["items"]]
+            except (AtlasError, ApiError, TransportError) as exc:
+                if not assigned:
+                    raise
+                raise _partial_write(store, assigned, unsent=unsent, refresh=refresh, ids_given=ids is not None,
+                                     what=f"the batch of documents {start}-{start + len(chunk) - 1} failed "
+                                          f"({type(exc).__name__}: {exc}), and some of them may have been written "
+                                          "too") from exc
+            assigned.extend(item["_id"] for item in items if not item.get("error"))
+            if refused := [(start + i, item["error"]) for i, item in enumerate(items) if item.get("error")]:
+                position, error = refused[0]
+                what = (f"{len(refused)} of the documents {start}-{start + len(chunk) - 1} were refused "
+                        f"(first: document {position}, {error.get('type')}: {error.get('reason')})")
+                if not assigned:
+                    raise ValidationError(f"{what}: nothing was written; fix them and load again")
+                raise _partial_write(store, assigned, unsent=unsent, refresh=refresh, ids_given=ids is not None,
+                                     what=what)
+            bar.update(len(chunk))
     if refresh:
         store.es.indices.refresh(index=store.indices)
     return assigned
