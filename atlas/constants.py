@@ -228,6 +228,10 @@ AUTH_THROTTLE_CLIENTS = 10_000
 # --- agent tools ----------------------------------------------------------------
 #: Hits an agent sees per recall: the pre-recall of every turn and the recall tool's default.
 RECALL_K = 8
+#: How an agent turn lets the model decide what to remember (`atlas.serve.agent`): narrow questions with constrained
+#: answers, or an open loop with the three tools.
+AgentMode = Literal["guided", "tools"]
+AGENT_MODES: tuple[AgentMode, ...] = get_args(AgentMode)
 #: Model calls of one agent turn before it gives up (a model stuck calling tools).
 AGENT_MAX_STEPS = 8
 #: Seconds one call to the OpenAI-compatible endpoint may take.
@@ -236,6 +240,31 @@ LLM_TIMEOUT = 60.0
 LLM_ATTEMPTS = 4
 #: First backoff between attempts, in seconds; doubled after each failure.
 LLM_BACKOFF = 1.0
+#: Sampling temperature of every request the agent sends: 0, so that a turn is reproducible on one machine.
+LLM_TEMPERATURE = 0.0
+#: Words of which the user's own message must hold one for the agent to run the model's `forget_memory`: a memory
+#: that says "forget everything", read back into the prompt, must not make a model delete anything.
+FORGET_WORDS = ("forget", "delete", "remove", "erase")
+
+#: Tokens of one answer of a guided turn's narrow questions (`atlas.serve.guided`), and of its reply.
+GUIDED_MAX_TOKENS = 200
+#: Times a guided question's unusable answer is shown back to the model before the question is given up.
+GUIDED_RETRIES = 1
+GUIDED_ANSWER_TOKENS = 160
+#: Exchanges of the session (user message and reply) a guided answer sees before the message.
+GUIDED_HISTORY = 1
+#: A guided turn asks whether a playbook worked only when one is among the pre-recall's first hits, and the message
+#: holds one of these words.
+GUIDED_OUTCOME_RANK = 3
+OUTCOME_WORDS = ("worked", "work", "fixed", "didn", "help", "helped", "thanks", "still", "failed", "success")
+
+# --- the local model server (`atlas llm up`, atlas.ops.llm_server) ----------------
+#: Loopback port of the local OpenAI-compatible server; OPENAI_BASE_URL defaults to it.
+LLM_PORT = 8081
+#: The model it serves by default (a key of `atlas.ops.llm_server.LOCAL_MODELS`); ATLAS_LLM_MODEL defaults to it.
+LOCAL_LLM_MODEL = "smollm2-135m"
+#: Context window of the local server, in tokens: the system prompt, the tools' schemas, a recall and a few turns.
+LLM_CONTEXT = 8192
 
 # --- consolidation ----------------------------------------------------------------
 #: Embedder spec whose cosines the consolidation similarities below are, whatever the first stage is.

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 import pytest
 from typer.testing import CliRunner
 
+from atlas import constants as C
 from atlas.core.config import load_settings
 from atlas.core.errors import ConnectionFailed
 from atlas.core.store import Store
@@ -20,9 +21,9 @@ from atlas.stack import open_store
 
 #: The fixed "now" of tests, so that decay is deterministic.
 NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
-#: The fixtures that connect to the cluster: a test using one (directly or through another fixture) is marked
-#: `cluster`, so that `pytest -m "not cluster"` (`make test-fast`) runs without Elasticsearch.
-CLUSTER_FIXTURES = frozenset({"es", "operator_es", "store", "module_store", "tstore", "runner"})
+#: The fixtures that connect to the cluster or the local model server: a test using one (directly or through another
+#: fixture) is marked `cluster`, so that `pytest -m "not cluster"` (`make test-fast`) runs without either.
+CLUSTER_FIXTURES = frozenset({"es", "operator_es", "store", "module_store", "tstore", "runner", "local_llm"})
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -87,3 +88,15 @@ def runner(tstore: Store, monkeypatch) -> CliRunner:
             monkeypatch.setenv(name, value)
     monkeypatch.setenv("ATLAS_HOME", str(tstore.settings.home))
     return CliRunner()
+
+
+@pytest.fixture(scope="session")
+def local_llm():
+    """The local model server's settings (`atlas llm up`, which `make test` runs first; started here if not)."""
+    from atlas.ops import llm_server
+
+    settings = load_settings()
+    if settings.llm_base_url != f"http://127.0.0.1:{C.LLM_PORT}/v1":
+        pytest.skip("OPENAI_BASE_URL names another endpoint: these tests are of the local server")
+    llm_server.up(settings)
+    return settings

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -23,7 +24,16 @@ from atlas.core.errors import ConflictError
 from atlas.core.memory import bulk_load, users_with_memory, write_episode, write_memory
 from atlas.models.embed import load_embedder
 from atlas.models.llm import LLMError
-from atlas.research.consolidation_eval import evaluate, load_consolidation_set, read_expected_metrics
+from atlas.research.consolidation_eval import (
+    CONSOLIDATION_DIR,
+    METRICS_FILE,
+    Evaluation,
+    Score,
+    evaluate,
+    load_consolidation_set,
+    read_expected_metrics,
+    record,
+)
 from atlas.stack import open_store
 from tests.conftest import NOW, make_prefix
 from tests.llm_stub import completion, scripted_llm
@@ -94,9 +104,21 @@ def test_rule_proposer_meets_its_recorded_scores(cstore):
     """`atlas consolidate --evaluate` on data/consolidation: the numbers in metrics.json, within tolerance."""
     expected = read_expected_metrics()
     measured = evaluate(cstore, RuleProposer()).metrics()
-    for part, scores in expected["rule"].items():
+    for part, scores in expected["proposers"]["rule"]["scores"].items():
         for name in ("precision", "recall"):
             assert measured[part][name] == pytest.approx(scores[name], abs=expected["tolerance"]), (part, name)
+
+
+def test_recording_a_proposer_keeps_the_others(tmp_path):
+    shutil.copy(CONSOLIDATION_DIR / METRICS_FILE, tmp_path)
+    parts = ("facts", "outcomes", "playbooks", "supersessions", "refined")
+    record(Evaluation("llm", *(Score(1, 2, 4) for _ in parts)), model="smollm2-135m", today="2026-12-04",
+           path=tmp_path)
+    written = read_expected_metrics(tmp_path)["proposers"]
+    assert written["rule"] == read_expected_metrics()["proposers"]["rule"]
+    assert written["llm"] == {"command": "atlas consolidate --evaluate --proposer llm", "recorded": "2026-12-04",
+                              "model": "smollm2-135m",
+                              "scores": {part: {"precision": 0.5, "recall": 0.25} for part in parts}}
 
 
 # --- applying, the watermark and reruns -------------------------------------------------------------
@@ -302,7 +324,8 @@ def test_llm_proposer_retries_then_everything_passes_the_guards(cstore):
               completion({"content": json.dumps(good)}, "stop")]
     waits = []
     with scripted_llm(script) as stub:
-        settings = replace(cstore.settings, llm_base_url=stub.base_url, llm_api_key="t", llm_model="stub-model")
+        settings = replace(cstore.settings, llm_base_url=stub.base_url, llm_api_key="t", llm_model="stub-model",
+                           llm_json="openai")
         report = consolidate(cstore, "sarah", proposer=LLMProposer(settings, sleep=waits.append))
     assert waits == [1.0, 2.0]
     request = stub.requests[-1]
@@ -315,7 +338,8 @@ def test_llm_proposer_retries_then_everything_passes_the_guards(cstore):
 def test_llm_failure_writes_nothing(cstore):
     write_episode(cstore, "sarah", "My daughter Isla turned two last week.", session_id="s1")
     with scripted_llm([completion({"content": "still not json"}, "stop")] * 4) as stub:
-        settings = replace(cstore.settings, llm_base_url=stub.base_url, llm_api_key="t", llm_model="stub-model")
+        settings = replace(cstore.settings, llm_base_url=stub.base_url, llm_api_key="t", llm_model="stub-model",
+                           llm_json="openai")
         with pytest.raises(LLMError, match="failed 4 times .*unusable output"):
             consolidate(cstore, "sarah", proposer=LLMProposer(settings, sleep=lambda s: None))
     assert semantic_texts(cstore, "sarah") == [] and read_plan(cstore, "sarah") is None

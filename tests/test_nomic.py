@@ -19,7 +19,7 @@ import pytest
 
 from atlas.core.errors import EmbeddingError
 from atlas.models import nomic
-from atlas.models.embed import quantizes_per_batch
+from atlas.models.embed import quantizes_per_batch, session_options
 
 LAYERS, WIDTH, HEADS, FFN, VOCAB = 2, 16, 2, 24, 12
 
@@ -93,7 +93,7 @@ def test_graph_matches_the_numpy_forward_pass():
     reader = _reader(np.random.default_rng(7))
     model = nomic.build_graph(reader)
     onnx.checker.check_model(model)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
     ids = np.array([[1, 5, 7, 3, 2, 0], [1, 4, 2, 0, 0, 0]], dtype=np.int64)
     mask = (ids != 0).astype(np.int64)
     mask[:, 0] = 1
@@ -137,7 +137,7 @@ def test_a_missing_int8_model_is_quantized_per_token_from_fp32_and_stays_close(
     int8.unlink()
     assert nomic.build(tmp_path).read_bytes() == first  # deterministic, byte for byte
 
-    sessions = [ort.InferenceSession(str(tmp_path / name), providers=["CPUExecutionProvider"])
+    sessions = [ort.InferenceSession(str(tmp_path / name), session_options(), providers=["CPUExecutionProvider"])
                 for name in ("model.onnx", INT8)]
     ids = np.array([[1, 5, 7, 3, 2]], dtype=np.int64)
     outputs = [s.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0] for s in sessions]

@@ -4,9 +4,9 @@ Every cell of its lesson runs twice in a row in the same kernel, as a workshop a
 the set-up cells (tagged `setup`: parameters, imports, connect) and before the cleanup (the last code cell,
 tagged `cleanup`). The second run must pass and print what the first printed (masked as nbval masks them,
 unless the cell is tagged `nbval-ignore-output`, or `reports-first-run`: a repair or an archive says what it did,
-and run again it has nothing left to do; an agent turn recalls the turn it wrote the first time). A cell tagged
-`run-once` runs once: a slow read (08's persona evaluation, a minute or more), to keep the test's time, or a
-write whose repeat would show (01's first episode, 06's new ones: a second run stores them twice).
+and run again it has nothing left to do). A cell tagged `run-once` runs once: a slow read (08's persona evaluation,
+a minute or more), to keep the test's time, or a write whose repeat would show (01's first episode, 06's new ones,
+07's conversation: a second run stores them twice).
 
 The same run also does nbval's job, so that `make test` executes each notebook once: the first run of each code
 cell must print what the committed notebook shows, compared as `pytest --nbval --nbval-sanitize-with

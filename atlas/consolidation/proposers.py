@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 from atlas import constants as C
 from atlas.core.config import Settings, load_settings
 from atlas.core.passages import SENTENCE_END
-from atlas.models.llm import LLMError, bullets, complete, llm_client, not_configured_message
+from atlas.models.llm import LLMError, bullets, complete, json_format, llm_client, not_configured_message
 
 # --- the batch a proposer sees -------------------------------------------------------------
 
@@ -192,14 +192,15 @@ class LLMProposer:
             raise LLMError(not_configured_message() + "; or use the offline RuleProposer")
         self.client: OpenAI = chosen_client
         self.model: str = chosen_model
+        self.settings = settings
         self.attempts, self.backoff, self.sleep = attempts, backoff, sleep
 
     def propose(self, batch: Batch) -> list[dict]:
-        schema = {"name": "consolidation", "schema": ProposalSet.model_json_schema()}
         return complete(self.client, model=self.model, parse=parse_proposals,
                         messages=[{"role": "system", "content": LLM_SYSTEM_PROMPT},
                                   {"role": "user", "content": batch_prompt(batch)}],
-                        response_format={"type": "json_schema", "json_schema": schema}, temperature=0,
+                        response_format=json_format(self.settings, "consolidation", ProposalSet.model_json_schema()),
+                        temperature=0,
                         attempts=self.attempts, backoff=self.backoff, sleep=self.sleep)
 
 

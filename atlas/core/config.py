@@ -64,6 +64,9 @@ class Settings:
     llm_base_url: str | None = None
     llm_api_key: str | None = None
     llm_model: str | None = None
+    #: How a JSON schema is asked of the endpoint (`atlas.models.llm.json_format`): "openai" (`json_schema`, also
+    #: vLLM's and Ollama's) or "llama.cpp" (`json_object` with a `schema`, llama-cpp-python's server).
+    llm_json: str = "openai"
 
     @property
     def cluster_name(self) -> str:
@@ -126,12 +129,22 @@ class Settings:
         return self.es_url or f"http://127.0.0.1:{self.es_port}"
 
 
+def llm_endpoint(base_url: str | None, api_key: str | None, model: str | None,
+                 json: str | None) -> dict[str, str | None]:
+    """The chat endpoint's settings: as given, or, with neither a base URL nor a key, the local server that
+    `atlas llm up` starts (loopback, `C.LLM_PORT`, serving `model` or `C.LOCAL_LLM_MODEL`, schemas the llama.cpp
+    way)."""
+    if base_url is None and api_key is None:
+        base_url, model, json = f"http://127.0.0.1:{C.LLM_PORT}/v1", model or C.LOCAL_LLM_MODEL, json or "llama.cpp"
+    return {"llm_base_url": base_url, "llm_api_key": api_key, "llm_model": model, "llm_json": json or "openai"}
+
+
 def load_settings(**overrides: object) -> Settings:
     """Settings from the environment (ES_URL, ES_API_KEY, ES_USERNAME, ES_PASSWORD, ES_CA_CERTS,
     ATLAS_ES_NODES, ATLAS_ES_PORT, ATLAS_ES_TRANSPORT_PORT, ATLAS_ES_HEAP, ATLAS_SHARDS, ATLAS_REPLICAS,
     ATLAS_INDEX_PREFIX, ATLAS_EMBEDDING_CACHE, ATLAS_SERVICE_USER, ATLAS_EMBEDDER, ATLAS_RERANKER, OPENAI_BASE_URL,
-    OPENAI_API_KEY, ATLAS_LLM_MODEL), then keyword overrides. Ports, heap, shards and replicas default by the number
-    of local nodes."""
+    OPENAI_API_KEY, ATLAS_LLM_MODEL, ATLAS_LLM_JSON), then keyword overrides. Ports, heap, shards and replicas default
+    by the number of local nodes."""
     env = os.environ.get
     nodes = int(str(overrides.get("es_nodes") or env("ATLAS_ES_NODES", "1")))
     single = nodes == 1
@@ -153,9 +166,8 @@ def load_settings(**overrides: object) -> Settings:
         "service_user": env("ATLAS_SERVICE_USER", SERVICE_PRINCIPAL),
         "embedder": env("ATLAS_EMBEDDER", DEFAULT_EMBEDDER),
         "reranker": env("ATLAS_RERANKER", DEFAULT_RERANKER),
-        "llm_base_url": env("OPENAI_BASE_URL") or None,
-        "llm_api_key": env("OPENAI_API_KEY") or None,
-        "llm_model": env("ATLAS_LLM_MODEL") or None,
+        **llm_endpoint(env("OPENAI_BASE_URL") or None, env("OPENAI_API_KEY") or None, env("ATLAS_LLM_MODEL") or None,
+                       env("ATLAS_LLM_JSON") or None),
     }
     values.update(overrides)
     return Settings(**values)

@@ -40,8 +40,8 @@ def llm_configured(settings: Settings) -> bool:
 
 
 def not_configured_message() -> str:
-    return ("no language model is configured: set ATLAS_LLM_MODEL and OPENAI_BASE_URL (plus OPENAI_API_KEY if "
-            "the endpoint needs one) to an OpenAI-compatible chat endpoint")
+    return ("no language model is configured: OPENAI_BASE_URL or OPENAI_API_KEY names an endpoint but ATLAS_LLM_MODEL "
+            "names no model; set it, or unset both to use the local server (`atlas llm up`)")
 
 
 def llm_client(settings: Settings, *, timeout: float = C.LLM_TIMEOUT) -> OpenAI | None:
@@ -89,9 +89,19 @@ def complete(client: OpenAI, *, model: str, messages: Sequence[ChatCompletionMes
             last = f"{type(exc).__name__}: {exc}"
         except LLMError as exc:
             last = f"unusable output: {exc}"
-    raise LLMError(f"the model endpoint failed {attempts} times (last: {last}): check that it is up, or retry later")
+    raise LLMError(f"the model endpoint failed {attempts} times (last: {last}): check that it is up (the local one "
+                   "starts with `atlas llm up`), or retry later")
 
 
 def bullets(meanings: Mapping[Name, str], *, indent: str = "") -> str:
     """A vocabulary and its meanings as a bullet list (descriptions and prompts)."""
     return "\n".join(f"{indent}- {name}: {meaning}" for name, meaning in meanings.items())
+
+
+def json_format(settings: Settings, name: str, schema: dict) -> dict:
+    """The `response_format` that asks the endpoint for JSON matching `schema`, in the form it understands
+    (`Settings.llm_json`): OpenAI's `json_schema`, or llama.cpp's `json_object` with the schema, which its server
+    turns into a grammar that the model's sampling cannot leave."""
+    if settings.llm_json == "llama.cpp":
+        return {"type": "json_object", "schema": schema}
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}

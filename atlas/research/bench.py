@@ -439,7 +439,7 @@ def knn_memory(files: dict[str, int]) -> int:
     return files.get("vex", 0) + (files.get("veb") or files.get("veq") or files.get("vec", 0))
 
 
-def _proc_status(pid: int | str) -> dict[str, int]:
+def proc_memory(pid: int | str) -> dict[str, int]:
     """VmRSS and VmHWM (peak) of a process in bytes, from /proc (empty where unreadable)."""
     try:
         lines = Path(f"/proc/{pid}/status").read_text().splitlines()
@@ -451,7 +451,7 @@ def _proc_status(pid: int | str) -> dict[str, int]:
 
 def memory_use(es: Elasticsearch) -> dict:
     """RSS of this Python process, and heap and RSS of each Elasticsearch node (`_nodes/stats/jvm,process`)."""
-    me = _proc_status("self")
+    me = proc_memory("self")
     out: dict = {"python_rss_mb": me.get("VmRSS", 0) / 2**20, "python_peak_rss_mb": me.get("VmHWM", 0) / 2**20,
                  "python_maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "es": {}}
     stats = es.nodes.stats(metric="jvm,process")["nodes"]
@@ -459,7 +459,7 @@ def memory_use(es: Elasticsearch) -> dict:
             es.nodes.info(node_id="_all", metric="process")["nodes"].items()}
     for node_id, node in stats.items():
         heap = node["jvm"]["mem"]
-        rss = _proc_status(pids[node_id]).get("VmRSS") if pids.get(node_id) else None
+        rss = proc_memory(pids[node_id]).get("VmRSS") if pids.get(node_id) else None
         out["es"][node.get("name", node_id)] = {
             "heap_used_mb": heap["heap_used_in_bytes"] / 2**20, "heap_max_mb": heap["heap_max_in_bytes"] / 2**20,
             "non_heap_used_mb": heap["non_heap_used_in_bytes"] / 2**20,
@@ -468,13 +468,18 @@ def memory_use(es: Elasticsearch) -> dict:
     return out
 
 
-def machine(es: Elasticsearch) -> dict:
+def machine_info() -> dict:
+    """The processor, cores, memory, OS and Python of this machine."""
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return {"cpu": cpu, "cores": os.cpu_count(), "ram_gib": round(ram, 1), "os": platform.platform(),
-            "python": platform.python_version(), "elasticsearch": server_version(es),
-            "loadavg_start": os.getloadavg()}
+            "python": platform.python_version(), "loadavg_start": os.getloadavg()}
+
+
+def machine(es: Elasticsearch) -> dict:
+    """`machine_info` and the cluster's version."""
+    return machine_info() | {"elasticsearch": server_version(es)}
 
 
 # --- the run -------------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ and what the guards accepted is matched one-to-one with the labels:
 - a new playbook matches when it cites one of the labelled playbook's episodes.
 
 Supersession (same retired facts and kind) and refined steps are scored on the matches.
-The expected numbers, the command that produces them and the tolerance are in
-data/consolidation/metrics.json; tests assert against that file.
+Each proposer's recorded scores, the command and model that produced them and the tolerance are in
+data/consolidation/metrics.json (`record`); tests assert against that file.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tqdm.auto import tqdm
 
 from atlas import constants as C
 from atlas.consolidation.consolidate import Decision, consolidate, similarity_of
@@ -44,6 +46,17 @@ def read_labels(path: Path = CONSOLIDATION_DIR) -> list[dict]:
 
 def read_expected_metrics(path: Path = CONSOLIDATION_DIR) -> dict:
     return json.loads((Path(path) / METRICS_FILE).read_text())
+
+
+def record(result: Evaluation, *, model: str | None, today: str, path: Path = CONSOLIDATION_DIR) -> Path:
+    """Write a proposer's precision and recall into metrics.json, under its name, with the model it ran on."""
+    data = read_expected_metrics(path)
+    scores = {part: {k: score[k] for k in ("precision", "recall")} for part, score in result.metrics().items()}
+    data["proposers"][result.proposer] = {"command": f"atlas consolidate --evaluate --proposer {result.proposer}",
+                                          "recorded": today, "model": model, "scores": scores}
+    target = Path(path) / METRICS_FILE
+    target.write_text(json.dumps(data, indent=2) + "\n")
+    return target
 
 
 @dataclass
@@ -117,7 +130,7 @@ def evaluate(store: Store, proposer: Proposer, path: Path = CONSOLIDATION_DIR, *
     key_of = {doc_id: key for key, doc_id in ids.items()}
     labels = read_labels(path)
     accepted: list[tuple[str, Decision]] = []
-    for user_id in sorted({label["user_id"] for label in labels}):
+    for user_id in tqdm(sorted({label["user_id"] for label in labels}), desc="users", disable=not progress):
         report = consolidate(store, user_id, proposer=proposer, dry_run=True)
         accepted += [(user_id, d) for d in report.accepted]
     by_kind = {kind: [(u, d) for u, d in accepted if d.kind == kind] for kind in ("fact", "outcome", "playbook")}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -26,18 +26,24 @@ from atlas.research.locomo import ADVERSARIAL, CATEGORY_NAMES, MAIN_CATEGORIES, 
 EXPECTED_PATH = REPO_ROOT / "results" / "expected.json"
 DOC_PATH = REPO_ROOT / "docs" / "evaluation.md"
 README_PATH = REPO_ROOT / "README.md"
+LLM_DOC_PATH = REPO_ROOT / "docs" / "llm.md"
 #: Every document whose results blocks are generated: `atlas eval tables --write` re-renders them all.
-DOC_PATHS = (DOC_PATH, README_PATH)
+DOC_PATHS = (DOC_PATH, README_PATH, LLM_DOC_PATH)
 #: The name of the README's block: one short table of the default mode on both data sets.
 SUMMARY = "summary"
-#: The generated blocks each document must hold: the full tables in docs/evaluation.md, the summary in the README.
-DOC_BLOCKS: dict[Path, tuple[str, ...]] = {DOC_PATH: ("persona", "locomo"), README_PATH: (SUMMARY,)}
+#: The generated blocks each document must hold: the full tables in docs/evaluation.md, the summary in the README,
+#: the agent scenarios in docs/llm.md.
+DOC_BLOCKS: dict[Path, tuple[str, ...]] = {DOC_PATH: ("persona", "locomo"), README_PATH: (SUMMARY,),
+                                           LLM_DOC_PATH: ("agent", "agent-qwen")}
 ABOUT = ("Expected results of every published evaluation number: per run, the command that reproduces it and, "
          "per number (a path into the run's report), its value and tolerance (null: shown, not checked). "
          "Checked by tests/test_eval.py; the tables of docs/evaluation.md are rendered from it "
          "(atlas.research.results.render_results_table). Rewrite a run only with `atlas eval <run> --record`.")
 #: Smallest tolerance of a proportion; below it, a large group would flag HNSW noise.
 MIN_TOLERANCE = 0.01
+#: Scenarios' worth an agent pass rate may move: one, the model's greedy answers being the same on one machine
+#: and an answer near a tie flipping on another.
+TOLERANCE_SCENARIOS = 1
 #: Questions' worth a mean may move: two fresh loads of the LoCoMo CI subset (bbq_hnsw) differed by one question
 #: in a group (2026-12-02), and the recorded run is one such load too.
 TOLERANCE_QUESTIONS = 2
@@ -53,12 +59,18 @@ class RunSpec:
     modes: tuple[C.RecallMode, ...] = C.RECALL_MODES
     #: LoCoMo: the first N conversations of the file (None: all).
     conversations: int | None = None
+    #: Agent: the local model (`atlas.ops.llm_server.LOCAL_MODELS`) the run is made with (None: the configured one).
+    model: str | None = None
 
 
 RUNS: dict[str, RunSpec] = {spec.name: spec for spec in (
     RunSpec("persona", "persona", "atlas eval persona"),
     RunSpec("locomo", "locomo", "atlas eval locomo"),
     RunSpec("locomo-ci", "locomo", "atlas eval locomo --ci", ("bm25", "hybrid+rerank"), conversations=2),
+    RunSpec("agent", "agent", "atlas eval agent", ()),
+    RunSpec("agent-ci", "agent", "atlas eval agent --ci", ()),
+    RunSpec("agent-qwen", "agent", "atlas eval agent --model qwen2.5-coder-0.5b", (),
+            model="qwen2.5-coder-0.5b"),
 )}
 
 
@@ -75,6 +87,11 @@ def lookup(report: Mapping[str, Any], path: str) -> Any:
 
 def published_paths(report: Mapping) -> list[str]:
     """The numbers of a report that are recorded, checked and shown."""
+    if report["dataset"] == "agent":
+        return ["leaks", *(f"by_mode.{condition}.{check}.{m}" for condition, summary in report["by_mode"].items()
+                           for check in ("pass", "state", "reply") if summary[check]["n"] for m in ("n", "rate")),
+                *(f"by_mode.{condition}.by_kind.{kind}.{m}" for condition, summary in report["by_mode"].items()
+                  for kind, rates in summary["by_kind"].items() if rates["n"] > 1 for m in ("n", "rate"))]
     paths = ["leaks"]
     for mode, summary in report["by_mode"].items():
         at = f"by_mode.{mode}"
@@ -115,7 +132,8 @@ def entry(report: Mapping, path: str) -> dict:
         return {"value": int(value), "tolerance": 0}
     if path.endswith(".n"):
         return {"value": int(value), "tolerance": max(1, round(MIN_TOLERANCE * int(value)))}
-    tolerance = max(MIN_TOLERANCE, TOLERANCE_QUESTIONS / _group_size(report, path))
+    moves = TOLERANCE_SCENARIOS if report["dataset"] == "agent" else TOLERANCE_QUESTIONS
+    tolerance = max(MIN_TOLERANCE, moves / _group_size(report, path))
     ci = lookup(report, path + "_ci")
     return {"value": round(float(value), 4), "tolerance": round(tolerance, 4),
             "ci": [round(x, 4) for x in ci]}
@@ -306,9 +324,23 @@ def as_run(report: Mapping) -> dict:
             "numbers": {path: entry(report, path) for path in published_paths(report)}}
 
 
+def _agent_tables(run: Mapping) -> dict[str, Table]:
+    numbers = run["numbers"]
+    conditions = list(dict.fromkeys(p.split(".")[1] for p in numbers if p.startswith("by_mode.")))
+    checks = [("all checks", "pass"), ("stored state", "state"), ("last reply", "reply")]
+    kinds = list(dict.fromkeys(p.split(".")[3] for p in numbers if ".by_kind." in p))
+    rows = [{"scenarios": label, **{c: _value(numbers, f"by_mode.{c}.{check}.rate") or "" for c in conditions}}
+            for label, check in checks]
+    rows += [{"scenarios": f"kind: {kind}", **{c: _value(numbers, f"by_mode.{c}.by_kind.{kind}.rate") or ""
+                                                for c in conditions}} for kind in kinds]
+    return {"agent": _table(rows, f"Scenarios passed ({run['questions']} scenarios; leaks "
+                                  f"{numbers['leaks']['value']}), with memory and without")}
+
+
 def results_tables(run: Mapping) -> dict[str, Table]:
     """The tables of a recorded run (`load_expected()["runs"][name]`) or of `as_run(report)`, by name."""
-    return _persona_tables(run) if run["dataset"] == "persona" else _locomo_tables(run)
+    tables = {"persona": _persona_tables, "agent": _agent_tables}
+    return tables.get(run["dataset"], _locomo_tables)(run)
 
 
 def misses_table(report: Mapping, mode: str = C.DEFAULT_RECALL_MODE, width: int = 70) -> Table:
@@ -321,7 +353,7 @@ def misses_table(report: Mapping, mode: str = C.DEFAULT_RECALL_MODE, width: int 
 
 
 def render_results_table(run: str, expected: Mapping | None = None) -> str:
-    """The Markdown tables of one recorded run (`persona`, `locomo`, `locomo-ci`), with how to reproduce them;
+    """The Markdown tables of one recorded run (`persona`, `locomo`, `agent`, ...), with how to reproduce them;
     `summary` gives the README's short table (`render_summary`).
 
     Rendered from `results/expected.json` only, so a table can never show a number the
@@ -334,7 +366,8 @@ def render_results_table(run: str, expected: Mapping | None = None) -> str:
     setup = recorded["setup"]
     head = (f"Reproduce with `{recorded['command']}` (recorded {recorded['recorded']}, {recorded['seconds']} s "
             f"with warm caches; first stage {setup['embedder']}, second stage {setup['second_stage']}, "
-            f"Elasticsearch {setup['elasticsearch']}, reads through {setup['reads']}).")
+            f"Elasticsearch {setup['elasticsearch']}, reads through {setup['reads']}"
+            + (f"; language model {setup['model']} at {setup['endpoint']}" if "model" in setup else "") + ").")
     return "\n\n".join([head, *tables])
 
 
@@ -402,6 +435,19 @@ def reproduce(spec: RunSpec, *, prefix: str | None = None, path: Path | None = N
     if fresh:
         drop_indices(connect(), name)
     store = open_store(name, now=lambda: PERSONA_NOW) if spec.dataset == "persona" else open_store(name)
+    if spec.dataset == "agent":
+        from atlas.research.agent_eval import evaluate_agent
+
+        if spec.model is not None:
+            from atlas.ops import llm_server
+
+            store.settings = replace(store.settings, llm_model=spec.model)
+            llm_server.up(store.settings, name=spec.model)
+
+        report = {"run": spec.name, "command": spec.command} | evaluate_agent(
+            store, ci=spec.name.endswith("-ci"), progress=progress)
+        write_report(report, out_dir / "eval", spec.name)
+        return report
     if spec.dataset == "persona":
         report = evaluate_persona(store, modes=spec.modes, path=path or PERSONA_DIR, progress=progress)
     else:
@@ -418,6 +464,10 @@ def headline(report: Mapping) -> str:
     """A few lines per mode for a terminal: the main numbers, latency and leaks."""
     lines = [f"{report['run']}: {report['questions']} questions, {report['seconds']:.0f} s, reads through "
              f"{report['setup']['reads']}"]
+    if report["dataset"] == "agent":
+        return "\n".join([*lines, *(f"  {condition:10} " + "  ".join(
+            f"{check} {summary[check]['rate']:.3f}" for check in ("pass", "state", "reply") if summary[check]["n"])
+            for condition, summary in report["by_mode"].items()), f"  leaks {report['leaks']}"])
     for mode, summary in report["by_mode"].items():
         stats = summary if report["dataset"] == "persona" else summary["main"]
         shown = "  ".join(f"{m} {stats[m]:.3f}" for m in ("r@1", "r@5", "r@10", "r@25", "r@50", "mrr") if m in stats)
