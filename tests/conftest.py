@@ -11,8 +11,7 @@ from datetime import UTC, datetime
 import pytest
 from typer.testing import CliRunner
 
-from atlas import constants as C
-from atlas.core.config import load_settings
+from atlas.core.config import load_settings, local_llm_url
 from atlas.core.errors import ConnectionFailed
 from atlas.core.store import Store
 from atlas.security.connection import connect
@@ -96,7 +95,14 @@ def local_llm():
     from atlas.ops import llm_server
 
     settings = load_settings()
-    if settings.llm_base_url != f"http://127.0.0.1:{C.LLM_PORT}/v1":
+    if settings.llm_base_url != local_llm_url():
         pytest.skip("OPENAI_BASE_URL names another endpoint: these tests are of the local server")
     llm_server.up(settings)
     return settings
+
+
+def episodes(store: Store, user: str = "sarah") -> list[str]:
+    """The texts of the user's stored episodes (refreshed first)."""
+    store.es.indices.refresh(index=f"{store.prefix}-episodic")
+    hits = store.es.search(index=f"{store.prefix}-episodic", query={"term": {"user_id": user}})["hits"]["hits"]
+    return [h["_source"]["text"] for h in hits]

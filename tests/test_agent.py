@@ -15,6 +15,7 @@ from atlas.models.llm import LLMError
 from atlas.serve.agent import PRE_RECALL_CALL_ID, SYSTEM_PROMPT, Agent, asks_to_forget
 from atlas.serve.guided import grounded
 from atlas.serve.tools import openai_tools, recall_payload
+from tests.conftest import episodes
 from tests.llm_stub import scripted_llm, text, tool_calls
 
 
@@ -25,12 +26,6 @@ def offline(store):
 def online(store, stub):
     return replace(store.settings, llm_base_url=stub.base_url, llm_api_key="test", llm_model="stub-model",
                    llm_json="openai")
-
-
-def episodes(store, user="sarah"):
-    store.es.indices.refresh(index=f"{store.prefix}-episodic")
-    hits = store.es.search(index=f"{store.prefix}-episodic", query={"term": {"user_id": user}})["hits"]["hits"]
-    return [h["_source"]["text"] for h in hits]
 
 
 def test_prompt_and_tools_carry_the_vocabularies_and_rules():

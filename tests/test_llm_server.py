@@ -18,12 +18,7 @@ from atlas.models.nomic import sha256
 from atlas.ops import llm_server
 from atlas.research.llm_bench import bench_messages, bench_model, llama_speed
 from atlas.serve.agent import Agent
-
-
-def episodes(store, user="sarah"):
-    store.es.indices.refresh(index=f"{store.prefix}-episodic")
-    hits = store.es.search(index=f"{store.prefix}-episodic", query={"term": {"user_id": user}})["hits"]["hits"]
-    return [h["_source"]["text"] for h in hits]
+from tests.conftest import episodes
 
 
 def test_the_server_serves_the_pinned_model(local_llm):

@@ -129,13 +129,18 @@ class Settings:
         return self.es_url or f"http://127.0.0.1:{self.es_port}"
 
 
+def local_llm_url() -> str:
+    """The OpenAI-compatible URL of the local server `atlas llm up` starts."""
+    return f"http://127.0.0.1:{C.LLM_PORT}/v1"
+
+
 def llm_endpoint(base_url: str | None, api_key: str | None, model: str | None,
                  json: str | None) -> dict[str, str | None]:
     """The chat endpoint's settings: as given, or, with neither a base URL nor a key, the local server that
     `atlas llm up` starts (loopback, `C.LLM_PORT`, serving `model` or `C.LOCAL_LLM_MODEL`, schemas the llama.cpp
     way)."""
     if base_url is None and api_key is None:
-        base_url, model, json = f"http://127.0.0.1:{C.LLM_PORT}/v1", model or C.LOCAL_LLM_MODEL, json or "llama.cpp"
+        base_url, model, json = local_llm_url(), model or C.LOCAL_LLM_MODEL, json or "llama.cpp"
     return {"llm_base_url": base_url, "llm_api_key": api_key, "llm_model": model, "llm_json": json or "openai"}
 
 

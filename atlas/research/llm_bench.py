@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from atlas.core.config import Settings, llm_endpoint, load_settings
+from atlas.core.config import Settings, load_settings, local_llm_url
 from atlas.core.recall import RecallResult
 from atlas.models.llm import LLMError, llm_client
 from atlas.ops import llm_server
@@ -80,7 +80,7 @@ def bench_model(settings: Settings, name: str, messages: Sequence[str], *, progr
 def run(*, models: Sequence[str], count: int, progress: bool = True) -> dict:
     """Every model in `models`, on the first message of `count` scenarios; restores the model served before."""
     settings = load_settings()
-    if settings.llm_base_url != llm_endpoint(None, None, None, None)["llm_base_url"]:
+    if settings.llm_base_url != local_llm_url():
         raise LLMError(f"bench-llm measures the local server; OPENAI_BASE_URL points at {settings.llm_base_url}")
     before = llm_server.status(settings)["serves"]
     messages = bench_messages(count)
