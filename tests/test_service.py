@@ -130,6 +130,7 @@ def test_without_service_credentials_connect_says_how_to_get_them(tmp_path, monk
 
 
 @local_only
+@pytest.mark.cluster  # the folder `atlas es up` installs: `make test-fast` runs on a clone that has none
 def test_the_node_folder_is_private():
     """Data, logs and keystore are readable by the node's user alone, not by other local users."""
     root = cluster.node_for(load_settings()).root
