@@ -75,9 +75,12 @@ lint: setup
 
 # All tests: the static checks, pytest against the real cluster (notebook 06 in JupyterLab under headless
 # Chromium among them); each notebook runs once, under papermill, and its outputs are compared with the committed
-# ones as nbval compares them (tests/test_notebooks.py); the slowest 25 tests are listed.
+# ones as nbval compares them (tests/test_notebooks.py); the slowest 25 tests are listed. Two pytest-xdist workers:
+# many tests wait on the cluster rather than the processor; the notebooks, the evaluations and the model's tests
+# share one of them (tests/conftest.py, ONE_WORKER).
+TEST_WORKERS ?= 2
 test: lint es-up llm-up browser
-	$(PY) -m pytest tests -q --durations=25
+	$(PY) -m pytest tests -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup
 
 # The tests that need no cluster (no test taking a cluster fixture, none marked `cluster`; tests/conftest.py):
 # scoring, parsing, models, the CLI's checks, the notebooks' form. Under a minute, Elasticsearch need not run.
@@ -85,12 +88,11 @@ test-fast: setup
 	$(PY) -m pytest tests -m "not cluster" -q
 
 # The local three-node cluster (docs/elasticsearch.md): start it beside the single node, run the cluster tests
-# (routing, node loss, rolling restart) and the cluster notebook (nbval), stop it, pass or fail.
+# (routing, node loss, rolling restart, the cluster notebook once, compared with its committed outputs as nbval
+# compares them), stop it, pass or fail.
 test-cluster: setup
 	@status=0; export ATLAS_ES_NODES=3; \
-	$(ATLAS) es up && $(PY) -m pytest tests/test_multinode.py -q && \
-	$(PY) -m pytest --nbval notebooks/cluster --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider -q \
-	|| status=$$?; \
+	$(ATLAS) es up && $(PY) -m pytest tests/test_multinode.py -q --durations=5 || status=$$?; \
 	$(ATLAS) es down; exit $$status
 
 eval: es-up llm-up

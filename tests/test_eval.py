@@ -1,10 +1,9 @@
 """Evaluation (issue 6): loaders, scoring, the persona gate, and both runs against results/expected.json.
 
-The persona run is the full documented run (all 335 questions, every mode). It runs once per test session: when
-notebook 08's run (tests/test_notebooks.py) is in the session, the checks here read the report it wrote
-(OUT_DIR/eval/persona.json, the same `evaluate_persona` on the same data, seed and date); else they run it. The LoCoMo
-run here is the documented CI subset (`atlas eval locomo --ci`: the first two
-conversations, bm25 and the default mode); the full run is `make eval`.
+The persona run is the full documented run (all 335 questions, every mode). The LoCoMo run is the documented CI
+subset (`atlas eval locomo --ci`: the first two conversations); the full run is `make eval`. Each runs once per test
+session: when notebook 08's (or 09's) run is in the session (tests/test_notebooks.py), the checks here read the report
+it wrote (the same evaluation on the same data, seed and date); else they run it.
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ from atlas.research.locomo import PAPER_REFERENCE, SESSION_REFERENCES, default_p
 from atlas.research.session_study import found_by_pass, paired
 from atlas.stack import open_store
 from tests.conftest import make_prefix
-from tests.test_notebooks import NOTEBOOKS, executed
+from tests.test_notebooks import NOTEBOOKS, REPORTED, executed
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,23 +77,38 @@ def persona_store(es, tmp_path_factory) -> Iterator[Store]:
         yield store
 
 
-@pytest.fixture(scope="module")
-def persona_report(request, persona_store, tmp_path_factory) -> dict:
-    """The report of notebook 08's run when `test_notebook_runs[08_...]` is in this session (it runs once, for
-    whichever test asks first), else of `evaluate_persona` here."""
-    [notebook] = [path for path in NOTEBOOKS if path.name.startswith("08_")]
-    if any(item.nodeid.endswith(f"::test_notebook_runs[{notebook.stem}]") for item in request.session.items):
-        report = executed(notebook, tmp_path_factory).outputs_dir / "eval" / "persona.json"
-        if report.is_file():  # else the notebook failed before writing it, and its test says why
-            return json.loads(report.read_text())
-    return evaluate_persona(persona_store, progress=False)
+def notebook_report(request: pytest.FixtureRequest, tmp_path_factory, stem: str, name: str) -> dict | None:
+    """The report `name` that notebook `stem` (one of `REPORTED`) wrote when its `test_notebook_runs` is in this
+    session (the notebook runs once, for whichever test asks first); None when it is not, or failed before writing
+    it (its test says why)."""
+    assert stem in REPORTED, f"{stem} is not in tests.test_notebooks.REPORTED: under pytest -n it may run elsewhere"
+    # By name: pytest-xdist appends its group to a node id.
+    if not any(item.name == f"test_notebook_runs[{stem}]" for item in request.session.items):
+        return None
+    [notebook] = [path for path in NOTEBOOKS if path.stem == stem]
+    report = executed(notebook, tmp_path_factory).outputs_dir / "eval" / f"{name}.json"
+    return json.loads(report.read_text()) if report.is_file() else None
 
 
 @pytest.fixture(scope="module")
-def locomo_report(es, tmp_path_factory) -> Iterator[dict]:
+def persona_report(request, tmp_path_factory) -> dict:
+    """The report of notebook 08's run (the same `evaluate_persona` on the same data, seed and date) when it is in
+    this session, else of `evaluate_persona` here."""
+    if (report := notebook_report(request, tmp_path_factory, "08_evaluation", "persona")) is not None:
+        return report
+    return evaluate_persona(request.getfixturevalue("persona_store"), progress=False)
+
+
+@pytest.fixture(scope="module")
+def locomo_report(request, es, tmp_path_factory) -> Iterator[dict]:
+    """The CI subset's report: notebook 09's when it is in this session (the same loader and `evaluate_locomo` on
+    the same two conversations, every mode), else `atlas eval locomo --ci`'s evaluation here."""
     spec = results.RUNS["locomo-ci"]
     if not default_path().is_file():
         pytest.skip(f"LoCoMo data not found at {default_path()} (CC BY-NC, never in the repo)")
+    if (report := notebook_report(request, tmp_path_factory, "09_locomo", "locomo-notebook")) is not None:
+        yield report
+        return
     conversations = load_conversations()[:spec.conversations]
     with eval_store(es, tmp_path_factory.mktemp("home"), "eval-locomo") as store:
         yield evaluate_locomo(store, conversations, modes=spec.modes, progress=False)

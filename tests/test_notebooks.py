@@ -11,9 +11,9 @@ a minute or more), to keep the test's time, or a write whose repeat would show (
 The same run also does nbval's job, so that `make test` executes each notebook once: the first run of each code
 cell must print what the committed notebook shows, compared as `pytest --nbval --nbval-sanitize-with
 notebooks/sanitize.cfg` compares them (`committed_differences`; the values papermill injected, INDEX_PREFIX and
-OUT_DIR, read as the committed defaults, which nbval would run with). nbval itself still checks the cluster notebooks
-(`make test-cluster`). 08's persona report is the one tests/test_eval.py checks when both run in one session
-(`executed` runs a notebook once per session).
+OUT_DIR, read as the committed defaults, which nbval would run with). The cluster notebooks are run and checked the
+same way by tests/test_multinode.py (`make test-cluster`). 08's persona report and 09's LoCoMo report are the ones
+tests/test_eval.py checks when both run in one session (`executed` runs a notebook once per session).
 
 The notebooks are found by `atlas.notebook.runner.discover`, so a new `notebooks/NN_*.ipynb` is tested
 without touching this file.
@@ -51,12 +51,14 @@ from atlas.notebook.runner import (
     run_notebook,
     unique_prefix,
 )
+from tests.conftest import ONE_WORKER
 
 # The tests that run a notebook take the `es` fixture, so tests/conftest.py marks them `cluster`; the others read files.
 pytestmark = pytest.mark.notebooks
 
 NOTEBOOKS = discover(Path(__file__).resolve().parents[1] / "notebooks")
-#: Notebooks that need the local three-node cluster: run by `make test-cluster` (nbval), checked here for form only.
+#: Notebooks that need the local three-node cluster: run by tests/test_multinode.py (`make test-cluster`), checked
+#: here for form only.
 CLUSTER_NOTEBOOKS = discover(Path(__file__).resolve().parents[1] / "notebooks" / "cluster")
 ALL = NOTEBOOKS + CLUSTER_NOTEBOOKS
 AGAIN = "run-again"
@@ -337,7 +339,20 @@ def executed(path: Path, tmp_path_factory: pytest.TempPathFactory) -> Executed:
     return _EXECUTED[path]
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def asks_the_model(path: Path) -> bool:
+    """Whether the notebook's parameters call a language model (`LLM` other than "offline")."""
+    nb = nbformat.read(path, as_version=4)
+    return any(parameter_values(cell).get("LLM", "offline") != "offline"
+               for cell in nb.cells if "parameters" in tags(cell))
+
+
+#: Notebooks whose report tests/test_eval.py reads (`executed`): their runs share its worker under `pytest -n`.
+REPORTED = ("08_evaluation", "09_locomo")
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param(path, marks=[pytest.mark.xdist_group(ONE_WORKER)] if path.stem in REPORTED or asks_the_model(path)
+                 else [], id=path.stem) for path in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path_factory, es):
     """End to end on a fresh prefix, each lesson cell twice; nothing left behind; each cell's first run shows what
     the committed notebook shows (nbval's check), and its second run what the first showed."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 from elasticsearch import ApiError, Elasticsearch
 
@@ -272,15 +273,24 @@ def ensure_indices(es: Elasticsearch, prefix: str, dims: int, rerank_dims: int |
     mappings = es.indices.get_mapping(index=",".join(indices), ignore_unavailable=True)
     settings = es.indices.get_settings(index=",".join(indices), ignore_unavailable=True)
     report: dict[str, str] = {}
-    for index in indices:
+    missing = [index for index in indices if index not in mappings]
+
+    def create(index: str) -> None:
         suffix = index.removeprefix(f"{prefix}-")
         expected = index_mappings(suffix, dims, rerank_dims, vector_index=vector_index, source_vectors=source_vectors)
-        if index not in mappings:
-            # The catalog's world data has no owner to route by: one shard, which a routed recall reads whole.
-            es.indices.create(index=index, mappings=expected,
-                              settings={"number_of_shards": CATALOG_SHARDS} if suffix == "catalog" else None)
-            report[index] = "created"
+        # The catalog's world data has no owner to route by: one shard, which a routed recall reads whole.
+        es.indices.create(index=index, mappings=expected,
+                          settings={"number_of_shards": CATALOG_SHARDS} if suffix == "catalog" else None)
+        report[index] = "created"
+
+    # Together: the master folds concurrent creations into fewer cluster-state updates (half the wait of one by one).
+    with ThreadPoolExecutor(max_workers=max(1, len(missing))) as pool:
+        list(pool.map(create, missing))
+    for index in indices:
+        if index in missing:
             continue
+        suffix = index.removeprefix(f"{prefix}-")
+        expected = index_mappings(suffix, dims, rerank_dims, vector_index=vector_index, source_vectors=source_vectors)
         problems, similarity = index_problems(expected, mappings[index], settings[index], source_vectors=source_vectors)
         if not problems and not similarity:
             report[index] = "ok"
@@ -297,7 +307,7 @@ def ensure_indices(es: Elasticsearch, prefix: str, dims: int, rerank_dims: int |
                              + f". Move each user to a new prefix (`atlas users export`, then `atlas users import "
                              f"--prefix NEW`: the texts are embedded again), or drop prefix {prefix!r} "
                              "(atlas.core.schemas.drop_indices) and load it again.")
-    return report
+    return {index: report[index] for index in indices}
 
 
 #: Vector field -> the keyword field naming the model that filled it.
