@@ -566,8 +566,10 @@ def serve_cmd(host: str = typer.Option(C.MCP_HOST, help="interface to bind (loop
 @app.command("consolidate")
 def consolidate_cmd(user: str | None = typer.Option(None, help="consolidate this user"),
                     all_users: bool = typer.Option(False, "--all", help="consolidate every user with episodes"),
-                    proposer: str = typer.Option("rule", help="rule (offline baseline) or llm (OPENAI_BASE_URL, "
-                                                              "ATLAS_LLM_MODEL)"),
+                    proposer: str = typer.Option(C.CONSOLIDATION_PROPOSER,
+                                                 help="rule (offline baseline), guided (narrow questions to the "
+                                                      "model) or llm (the whole batch at once); the model: "
+                                                      "OPENAI_BASE_URL, ATLAS_LLM_MODEL"),
                     dry_run: bool = typer.Option(False, help="propose and guard, write nothing"),
                     evaluate: bool = typer.Option(False, help="score the proposer on data/consolidation instead"),
                     record: bool = typer.Option(False, help="with --evaluate: write the scores into "
@@ -577,7 +579,7 @@ def consolidate_cmd(user: str | None = typer.Option(None, help="consolidate this
     """Turn new episodes into facts, playbooks and outcome updates, behind guards (docs/mcp.md)."""
     _needs("llm")
     from atlas.consolidation.consolidate import consolidate, consolidate_all
-    from atlas.consolidation.proposers import PROPOSERS
+    from atlas.consolidation.proposers import PROPOSERS, GuidedProposer, LLMProposer
     from atlas.core.validation import check_choice
     from atlas.notebook.display import decision_rows
     from atlas.stack import open_store
@@ -590,17 +592,25 @@ def consolidate_cmd(user: str | None = typer.Option(None, help="consolidate this
         if evaluate:
             from datetime import date
 
+            from atlas.research.agent_eval import check_served
+            from atlas.research.consolidation_eval import compare
             from atlas.research.consolidation_eval import evaluate as score
             from atlas.research.consolidation_eval import record as record_scores
 
+            if isinstance(chosen, GuidedProposer | LLMProposer):
+                check_served(chosen.settings)  # the scores must name the model that answered
             scratch = open_store(prefix or "consolidation-eval")
             result = score(scratch, chosen, progress=True)
             if prefix is None:
                 scratch.drop()
-            model = getattr(chosen, "model", None)
-            typer.echo(json.dumps({"proposer": result.proposer, "model": model, **result.metrics()}, indent=2))
+            typer.echo(json.dumps({"proposer": result.proposer, "model": result.model, **result.metrics()}, indent=2))
             if record:
-                typer.echo(f"recorded in {record_scores(result, model=model, today=date.today().isoformat())}")
+                typer.echo(f"recorded in {record_scores(result, today=date.today().isoformat())}")
+            elif problems := compare(result):
+                typer.secho("\n".join(problems), fg=typer.colors.RED, err=True)
+                raise typer.Exit(code=1)
+            else:
+                typer.echo(f"every score of {result.proposer!r} matches data/consolidation/metrics.json")
             return
         store = open_store(prefix)
         if all_users:

@@ -279,9 +279,17 @@ CONSOLIDATION_TRIGGER_SIMILARITY = 0.80
 CONSOLIDATION_BATCH = 200
 #: `maybe_consolidate` runs once a user has this many episodes past the watermark.
 CONSOLIDATE_EVERY = 20
+#: The proposer consolidation runs unless told (a key of `atlas.consolidation.proposers.PROPOSERS`): the one with the
+#: higher mean precision and recall on data/consolidation (metrics.json; tests/test_consolidate.py checks it). The
+#: rules, ahead of the guided local model on every kind (docs/llm.md).
+CONSOLIDATION_PROPOSER = "rule"
 #: Rule baseline: a statement with a change cue retires the most similar current fact at or above this cosine.
 CONSOLIDATION_RULE_SUPERSEDE_SIMILARITY = 0.5
 #: Rule baseline: feedback is about the playbook most similar to its session, at or above this cosine.
 CONSOLIDATION_RULE_PLAYBOOK_SIMILARITY = 0.4
+#: Guided proposer: a new fact is shown at most this many current facts, the most similar to it and at or above
+#: CONSOLIDATION_GUIDED_SIMILARITY, to pick the ones it makes untrue (few enough for a small model to read).
+CONSOLIDATION_GUIDED_CANDIDATES = 5
+CONSOLIDATION_GUIDED_SIMILARITY = 0.5
 #: Evaluation: a proposed fact matches a labelled one at or above this cosine (and with a shared episode).
 CONSOLIDATION_MATCH_SIMILARITY = 0.7

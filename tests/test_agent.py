@@ -12,8 +12,8 @@ from atlas.core.memory import write_episode, write_memory
 from atlas.core.passages import passage_text
 from atlas.core.recall import recall
 from atlas.models.llm import LLMError
+from atlas.models.questions import grounded
 from atlas.serve.agent import PRE_RECALL_CALL_ID, SYSTEM_PROMPT, Agent, asks_to_forget
-from atlas.serve.guided import grounded
 from atlas.serve.tools import openai_tools, recall_payload
 from tests.conftest import episodes
 from tests.llm_stub import scripted_llm, text, tool_calls

@@ -41,8 +41,11 @@ FIGURES = {
          "unguarded": {t: {o: 1 for o in TENANTS} for t in TENANTS}}, tenants=TENANTS, shared="(catalog)",
         out_dir=out),
     "precision_recall": lambda out: plots.precision_recall(
-        {"facts": {"matched": 14, "proposed": 19, "expected": 22},
-         "outcomes": {"matched": 6, "proposed": 6, "expected": 8}}, title="a proposer", out_dir=out),
+        {"rules": {"facts": {"matched": 14, "proposed": 19, "expected": 22},
+                   "outcomes": {"matched": 6, "proposed": 6, "expected": 8}},
+         "guided (a model)": {"facts": {"matched": 1, "proposed": 26, "expected": 22},
+                              "outcomes": {"matched": 4, "proposed": 6, "expected": 8}}},
+        title="two proposers", out_dir=out),
     "grouped_bars": lambda out: plots.grouped_bars(
         {"semantic": {"bm25": 0.8, "hybrid": 0.9}, "overall": {"bm25": 0.7, "hybrid": 0.85}},
         errors={"semantic": {"bm25": (0.7, 0.9), "hybrid": (0.85, 0.95)}}, reference={"overall": 0.75},

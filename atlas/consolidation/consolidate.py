@@ -41,8 +41,8 @@ from atlas.consolidation.proposers import (
     Playbook,
     PlaybookProposal,
     Proposer,
-    RuleProposer,
     Similarity,
+    default_proposer,
 )
 from atlas.core.clock import es_date
 from atlas.core.documents import VECTOR_FIELDS, build_document, prove_ownership, update_owned
@@ -523,7 +523,7 @@ def consolidate(store: Store, user_id: str, *, proposer: Proposer | None = None,
     """One run for one user: finish a pending plan, read the batch, propose, guard, plan, apply, then refresh the
     user's hubness."""
     check_user(user_id)
-    proposer = proposer or RuleProposer()
+    proposer = proposer or default_proposer()
     pending = read_plan(store, user_id)
     if pending is not None and pending["status"] == "pending" and not dry_run:
         plan = apply_plan(store, user_id, pending)
@@ -559,7 +559,7 @@ def consolidate_all(store: Store, *, proposer: Proposer | None = None, users: Se
     One user's failure never stops the others: whatever their run raises (bad data, a proposer's
     bug, a refused step) is their report, with status "failed" and the error, and the run goes on.
     """
-    proposer = proposer or RuleProposer()
+    proposer = proposer or default_proposer()
     reports = {}
     chosen = users if users is not None else users_with_memory(store, types=("episodic",))
     for user_id in tqdm(chosen, desc="consolidating", unit="user", disable=not progress):

@@ -1,13 +1,15 @@
 """Consolidation proposers: what a batch of episodes should become (facts, playbooks, outcome updates).
 
-Two proposers share one interface, `propose(batch) -> list[dict]`, and neither writes:
+Three proposers share one interface, `propose(batch) -> list[dict]`, and none writes:
 `atlas.consolidation.consolidate` checks every proposal with the same guards whoever made it.
-`LLMProposer` asks an OpenAI-compatible model for JSON that follows `ProposalSet`'s
-schema. `RuleProposer` is an offline BASELINE built from patterns, not understanding:
+`GuidedProposer` asks a model narrow questions, one episode at a time (`atlas.models.questions`: which facts it
+states, which current facts each makes untrue, whether feedback says a playbook worked). `LLMProposer` asks a model
+for the whole batch at once, as JSON that follows `ProposalSet`'s schema (a capable model's way; a small one times
+out or answers nothing). `RuleProposer` is an offline BASELINE built from patterns, not understanding:
 first-person statements become third-person facts, feedback phrases become outcome
 updates, change cues ("now", "moved", "no longer", "actually") make supersession
 candidates. Its measured precision and recall (data/consolidation/README.md) are the
-bar a model has to beat.
+bar a model has to beat; `default_proposer` picks by those measurements.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal, Protocol
+from typing import Annotated, Literal, Protocol, TypeVar
 
 import numpy as np
 from openai import OpenAI
@@ -27,6 +29,18 @@ from atlas import constants as C
 from atlas.core.config import Settings, load_settings
 from atlas.core.passages import SENTENCE_END
 from atlas.models.llm import LLMError, bullets, complete, json_format, llm_client, not_configured_message
+from atlas.models.questions import (
+    CONTRADICTION_QUESTION,
+    OUTCOMES,
+    UNTRUE_QUESTION,
+    Model,
+    UnusableAnswer,
+    classify,
+    content_words,
+    extract_facts,
+    outcome_question,
+    pick,
+)
 
 # --- the batch a proposer sees -------------------------------------------------------------
 
@@ -57,6 +71,7 @@ class Playbook:
         return f"{self.name}. Use when: {self.trigger}. Steps: {' '.join(self.steps)}"
 
 
+T = TypeVar("T")
 #: Cosine similarity (`CONSOLIDATION_EMBEDDER`) of one text to each of several.
 Similarity = Callable[[str, Sequence[str]], np.ndarray]
 
@@ -177,6 +192,15 @@ def parse_proposals(completion: ChatCompletion) -> list[dict]:
             for key in kinds for item in data.get(key, [])]
 
 
+def endpoint(settings: Settings, *, client: OpenAI | None, model: str | None) -> tuple[OpenAI, str]:
+    """The client and model name a model proposer asks (the settings' unless given), or `LLMError` if none is set."""
+    chosen_client = client or llm_client(settings)
+    chosen_model = model or settings.llm_model
+    if chosen_client is None or not chosen_model:
+        raise LLMError(not_configured_message() + "; or use the offline RuleProposer")
+    return chosen_client, chosen_model
+
+
 class LLMProposer:
     """Proposals from a model through JSON-schema output; retried with backoff, then a clear `LLMError`."""
 
@@ -185,14 +209,8 @@ class LLMProposer:
     def __init__(self, settings: Settings | None = None, *, client: OpenAI | None = None, model: str | None = None,
                  attempts: int = C.LLM_ATTEMPTS, backoff: float = C.LLM_BACKOFF,
                  sleep: Callable[[float], None] | None = None) -> None:
-        settings = settings or load_settings()
-        chosen_client = client or llm_client(settings)
-        chosen_model = model or settings.llm_model
-        if chosen_client is None or not chosen_model:
-            raise LLMError(not_configured_message() + "; or use the offline RuleProposer")
-        self.client: OpenAI = chosen_client
-        self.model: str = chosen_model
-        self.settings = settings
+        self.settings = settings or load_settings()
+        self.client, self.model = endpoint(self.settings, client=client, model=model)
         self.attempts, self.backoff, self.sleep = attempts, backoff, sleep
 
     def propose(self, batch: Batch) -> list[dict]:
@@ -340,6 +358,11 @@ def action_steps(text: str) -> list[str]:
     return steps
 
 
+def fix_after(episodes: Sequence[Episode], at: int) -> Episode | None:
+    """The first later episode of the same session that says what fixed it ("in the end what fixed it was X")."""
+    return next((e for e in episodes[at + 1:] if e.session_id == episodes[at].session_id and FIX.search(e.text)), None)
+
+
 class RuleProposer:
     """The offline baseline (see the module docstring): fast, deterministic, and honest about its limits."""
 
@@ -367,10 +390,13 @@ class RuleProposer:
             text = third_person(LEADING.sub("", sentence), batch.user_name).rstrip(",;:")
             text = text if text.endswith((".", "!")) else text + "."
             proposal = {"kind": "fact", "text": text, "fact_type": fact_type_of(sentence),
-                        "confidence": self.hedged_confidence if HEDGE.search(sentence) else self.confidence,
-                        "supporting_episode_ids": [episode.id]}
+                        "confidence": self.confidence_of(sentence), "supporting_episode_ids": [episode.id]}
             proposals.append({**proposal, **self.supersession(batch, sentence, text)})
         return proposals
+
+    def confidence_of(self, text: str) -> float:
+        """Lower when the user hedges ("I think", "maybe")."""
+        return self.hedged_confidence if HEDGE.search(text) else self.confidence
 
     def supersession(self, batch: Batch, sentence: str, text: str) -> dict:
         """A change or correction cue retires the most similar current fact, if similar enough."""
@@ -414,13 +440,10 @@ class RuleProposer:
             proposal = {"kind": "outcome", "playbook_id": playbook.id, "success": not negative,
                         "supporting_episode_ids": supporting}
             consumed.add(episode.id)
-            if negative:
-                fix = next((e for e in episodes[at + 1:] if e.session_id == episode.session_id and FIX.search(e.text)),
-                           None)
-                if fix is not None:
-                    proposal["refined_steps"] = [fix_clause(fix.text)]
-                    supporting.append(fix.id)
-                    consumed.add(fix.id)
+            if negative and (fix := fix_after(episodes, at)) is not None:
+                proposal["refined_steps"] = [fix_clause(fix.text)]
+                supporting.append(fix.id)
+                consumed.add(fix.id)
             proposals.append(proposal)
         return proposals, consumed
 
@@ -441,5 +464,95 @@ class RuleProposer:
         return proposals
 
 
+# --- the guided proposer ------------------------------------------------------------------------
+
+class GuidedProposer:
+    """Proposals from narrow questions to a model, one episode at a time (see the module docstring).
+
+    Facts: `extract_facts` on each episode (grounded ones only); each new fact is shown the current facts most
+    similar to it (`CONSOLIDATION_GUIDED_CANDIDATES`, `CONSOLIDATION_GUIDED_SIMILARITY`), `pick` says which it
+    makes untrue and `classify` whether natural or harsh. Outcomes: an episode with a feedback word
+    (`C.OUTCOME_WORDS`) about the playbook most similar to its session is classified success, failure or neither; a
+    failure takes the refined step of a later "what fixed it was X" (`fix_after`). Confidence follows the episode's
+    hedging and new playbooks come from the rules (`RuleProposer`): a small model has neither a calibrated confidence
+    nor the steps. A question whose answer stays unusable proposes nothing; a server that fails raises `LLMError`.
+    """
+
+    name = "guided"
+
+    def __init__(self, settings: Settings | None = None, *, client: OpenAI | None = None, model: str | None = None,
+                 sleep: Callable[[float], None] | None = None, candidates: int = C.CONSOLIDATION_GUIDED_CANDIDATES,
+                 similarity: float = C.CONSOLIDATION_GUIDED_SIMILARITY) -> None:
+        self.settings = settings or load_settings()
+        chosen_client, self.model = endpoint(self.settings, client=client, model=model)
+        self.endpoint = Model(chosen_client, self.model, self.settings, sleep)
+        self.candidates, self.similarity = candidates, similarity
+        self.rules = RuleProposer()
+
+    def propose(self, batch: Batch) -> list[dict]:
+        facts = [fact for e in batch.episodes for fact in self.facts(batch, e)]
+        outcomes: list[dict] = []
+        consumed: set[str] = set()  # a fix that refines a failure is not feedback of its own
+        for at, episode in enumerate(batch.episodes):
+            if episode.id not in consumed and (outcome := self.outcome(batch, at)) is not None:
+                outcomes.append(outcome)
+                consumed.update(outcome["supporting_episode_ids"])
+        return facts + outcomes + self.rules.playbooks(batch, consumed)
+
+    def ask(self, question: Callable[..., T], task: str, *args: object) -> T | None:
+        try:
+            return question(self.endpoint, task, *args)
+        except UnusableAnswer:
+            return None
+
+    def facts(self, batch: Batch, episode: Episode) -> list[dict]:
+        proposals = []
+        for text in self.ask(extract_facts, "extract_facts", episode.text, batch.user_name) or []:
+            proposal = {"kind": "fact", "text": text, "fact_type": fact_type_of(text),
+                        "confidence": self.rules.confidence_of(episode.text), "supporting_episode_ids": [episode.id]}
+            proposals.append({**proposal, **self.supersession(batch, episode, text)})
+        return proposals
+
+    def supersession(self, batch: Batch, episode: Episode, text: str) -> dict:
+        if not batch.facts:
+            return {}
+        scores = batch.similarity(text, [f.text for f in batch.facts])
+        nearest = np.argsort(-scores, kind="stable")[:self.candidates]
+        options = [batch.facts[i] for i in nearest if scores[i] >= self.similarity]
+        untrue = self.ask(pick, "pick_untrue", UNTRUE_QUESTION, text, [f.text for f in options])
+        if not untrue:
+            return {}
+        kind = self.ask(classify, "classify_contradiction", CONTRADICTION_QUESTION, f"{episode.text}\nNew fact: {text}",
+                        list(C.CONTRADICTIONS))
+        return {} if kind is None else {"supersedes_id": [options[i].id for i in untrue], "contradiction": kind}
+
+    def outcome(self, batch: Batch, at: int) -> dict | None:
+        episode = batch.episodes[at]
+        if not content_words(episode.text) & set(C.OUTCOME_WORDS):
+            return None
+        session = [e.text for e in batch.episodes[:at + 1] if e.session_id == episode.session_id]
+        playbook = self.rules.playbook_for(batch, " ".join(session))
+        if playbook is None:
+            return None
+        said = self.ask(classify, "classify_outcome", outcome_question(playbook.describe()), episode.text, OUTCOMES)
+        if said is None or said == "neither":
+            return None
+        proposal = {"kind": "outcome", "playbook_id": playbook.id, "success": said == "success",
+                    "supporting_episode_ids": [episode.id]}
+        if said == "failure" and (fix := fix_after(batch.episodes, at)) is not None:
+            proposal |= {"refined_steps": [fix_clause(fix.text)], "supporting_episode_ids": [episode.id, fix.id]}
+        return proposal
+
+
 #: The proposers `atlas consolidate --proposer` knows, by name.
-PROPOSERS: dict[str, type[RuleProposer] | type[LLMProposer]] = {"rule": RuleProposer, "llm": LLMProposer}
+PROPOSERS: dict[str, type[RuleProposer] | type[GuidedProposer] | type[LLMProposer]] = {
+    "rule": RuleProposer, "guided": GuidedProposer, "llm": LLMProposer}
+
+
+def default_proposer() -> Proposer:
+    """`C.CONSOLIDATION_PROPOSER`, the one measured better; the rules when that one needs a model and none is
+    configured."""
+    try:
+        return PROPOSERS[C.CONSOLIDATION_PROPOSER]()
+    except LLMError:
+        return RuleProposer()

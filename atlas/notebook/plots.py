@@ -228,27 +228,35 @@ def tenant_heatmap(counts: Mapping[str, Mapping[str, Mapping[str, int]]], *, ten
     return fig
 
 
-def precision_recall(scores: Mapping[str, Mapping[str, int]], *, title: str, out_dir: str | Path | None = None,
-                     name: str = "precision_recall") -> Figure:
-    """Precision (matched / proposed) and recall (matched / expected) per kind, each bar labelled with its counts.
+def precision_recall(runs: Mapping[str, Mapping[str, Mapping[str, int]]], *, title: str,
+                     out_dir: str | Path | None = None, name: str = "precision_recall") -> Figure:
+    """Precision (matched / proposed) and recall (matched / expected) per kind, one panel each, one bar per
+    proposer, each bar labelled with its counts.
 
-    `scores` is {kind: {"matched", "proposed", "expected"}}, e.g. `Evaluation.metrics()` of
-    `atlas.research.consolidation_eval`.
+    `runs` is {proposer label: {kind: {"matched", "proposed", "expected"}}}, e.g. `Evaluation.metrics()` of
+    `atlas.research.consolidation_eval` for each proposer; the kinds are the first run's.
     """
-    kinds = list(scores)
-    fig, ax = _new(width=max(6.0, 1.3 * len(kinds) + 2), height=3.8)
+    kinds = list(next(iter(runs.values())))
+    fig = plt.figure(figsize=(min(12.0, max(8.0, 0.8 * len(kinds) * len(runs) + 2)), 4.0))
+    plt.close(fig)  # shown as the cell's value, not again by the inline backend
+    axes = fig.subplots(1, 2, sharey=True)
+    width = 0.8 / len(runs)
     x = np.arange(len(kinds))
-    for i, (what, denominator) in enumerate((("precision", "proposed"), ("recall", "expected"))):
-        fractions = [(scores[k]["matched"], scores[k][denominator]) for k in kinds]
-        bars = ax.bar(x + (i - 0.5) * 0.4, [m / d if d else 0 for m, d in fractions], 0.4,
-                      label=f"{what} (matched / {denominator})")
-        for bar, (m, d) in zip(bars, fractions, strict=True):
-            ax.annotate(f"{m}/{d}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
-                        va="bottom", fontsize=7)
-    ax.set_xticks(x, kinds, fontsize=9)
-    ax.set(xlabel="what the proposer extracts", ylabel="share (0-1)", ylim=(0, 1.15), title=title)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2, frameon=False)
+    for ax, (what, denominator) in zip(axes, (("precision", "proposed"), ("recall", "expected")), strict=True):
+        for i, (label, scores) in enumerate(runs.items()):
+            fractions = [(scores[k]["matched"], scores[k][denominator]) for k in kinds]
+            bars = ax.bar(x + (i - (len(runs) - 1) / 2) * width, [m / d if d else 0 for m, d in fractions], width,
+                          label=label)
+            for bar, (m, d) in zip(bars, fractions, strict=True):
+                ax.annotate(f"{m}/{d}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                            va="bottom", fontsize=7)
+        ax.set_xticks(x, kinds, fontsize=8, rotation=20)
+        ax.set(title=f"{what} (matched / {denominator})", xlabel="what the proposer extracts", ylim=(0, 1.45),
+               yticks=np.linspace(0, 1, 6))
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel("share (0-1)")
+    fig.suptitle(title, fontsize=10)
+    axes[1].legend(fontsize=8, loc="upper right", frameon=False)
     return _finish(fig, name, out_dir)
 
 

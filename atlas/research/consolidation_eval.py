@@ -48,15 +48,45 @@ def read_expected_metrics(path: Path = CONSOLIDATION_DIR) -> dict:
     return json.loads((Path(path) / METRICS_FILE).read_text())
 
 
-def record(result: Evaluation, *, model: str | None, today: str, path: Path = CONSOLIDATION_DIR) -> Path:
-    """Write a proposer's precision and recall into metrics.json, under its name, with the model it ran on."""
+def record(result: Evaluation, *, today: str, path: Path = CONSOLIDATION_DIR) -> Path:
+    """Write a proposer's scores (precision, recall and the counts they are made of) into metrics.json, under its
+    name, with the model it ran on."""
     data = read_expected_metrics(path)
-    scores = {part: {k: score[k] for k in ("precision", "recall")} for part, score in result.metrics().items()}
+    scores = result.metrics()
     data["proposers"][result.proposer] = {"command": f"atlas consolidate --evaluate --proposer {result.proposer}",
-                                          "recorded": today, "model": model, "scores": scores}
+                                          "recorded": today, "model": result.model, "scores": scores}
     target = Path(path) / METRICS_FILE
     target.write_text(json.dumps(data, indent=2) + "\n")
     return target
+
+
+def compare(result: Evaluation, path: Path = CONSOLIDATION_DIR) -> list[str]:
+    """What differs from the proposer's recorded precision and recall by more than the file's tolerance (a
+    proposer with no record, or recorded on another model, is one problem)."""
+    data = read_expected_metrics(path)
+    recorded = data["proposers"].get(result.proposer)
+    if recorded is None:
+        return [f"no recorded scores for the proposer {result.proposer!r} in {Path(path) / METRICS_FILE}"]
+    if recorded["model"] != result.model:
+        return [f"the recorded scores of {result.proposer!r} are of the model {recorded['model']!r}, not "
+                f"{result.model!r}"]
+    measured = result.metrics()
+    return [f"{part} {name}: {measured[part][name]:.4f}, recorded {scores[name]:.4f} (tolerance {data['tolerance']})"
+            for part, scores in recorded["scores"].items() for name in ("precision", "recall")
+            if abs(measured[part][name] - scores[name]) > data["tolerance"]]
+
+
+def markdown_table(path: Path = CONSOLIDATION_DIR) -> str:
+    """The recorded scores of every proposer as a Markdown table, each cell "precision (matched/proposed), recall
+    (matched/expected)" (docs/llm.md quotes it; a test keeps the two equal)."""
+    data = read_expected_metrics(path)["proposers"]
+    parts = list(next(iter(data.values()))["scores"])
+    rows = ["| proposer | model | " + " | ".join(parts) + " |", "|---|---|" + "---|" * len(parts)]
+    for name, entry in data.items():
+        cells = [f"P {s['precision']:.2f} ({s['matched']}/{s['proposed']}), R {s['recall']:.2f} "
+                 f"({s['matched']}/{s['expected']})" for s in (entry["scores"][part] for part in parts)]
+        rows.append(f"| {name} | {entry['model'] or 'none'} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 @dataclass
@@ -81,6 +111,8 @@ class Score:
 @dataclass
 class Evaluation:
     proposer: str
+    #: The model the proposer asked (None for the rules).
+    model: str | None
     facts: Score
     outcomes: Score
     playbooks: Score
@@ -188,5 +220,6 @@ def evaluate(store: Store, proposer: Proposer, path: Path = CONSOLIDATION_DIR, *
     rows += [{"user": e["user_id"], "kind": "playbook", "proposed": "", "label": e["name"], "verdict": "missed"}
              for e in open_playbooks]
 
-    return Evaluation(proposer.name, Score(len(fact_matches), len(facts), len(want["fact"])), outcomes, playbooks,
-                      supersessions, refined, rows)
+    return Evaluation(proposer.name, getattr(proposer, "model", None),
+                      Score(len(fact_matches), len(facts), len(want["fact"])), outcomes, playbooks, supersessions,
+                      refined, rows)

@@ -1,7 +1,7 @@
 """How fast each local model answers the guided turn's questions, and the memory its server holds: `atlas bench-llm`.
 
 Each model of `atlas.ops.llm_server.LOCAL_MODELS` is served in turn (`llm_server.up`) and asked, for the first user
-message of each agent scenario (data/agent), the guided turn's fact question (`guided.extract_facts`, a JSON schema
+message of each agent scenario (data/agent), the guided turn's fact question (`questions.extract_facts`, a JSON schema
 held by a grammar) and a reply in words (`guided.answer`). Measured per model: the wall seconds of each question as
 the agent waits for it, prompt and generation tokens per second as llama.cpp itself reports them in the server's
 log, and the server's peak resident memory. The model that was served before the run is served again after it.
@@ -22,11 +22,12 @@ from tqdm.auto import tqdm
 from atlas.core.config import Settings, load_settings, local_llm_url
 from atlas.core.recall import RecallResult
 from atlas.models.llm import LLMError, llm_client
+from atlas.models.questions import Model, extract_facts
 from atlas.ops import llm_server
 from atlas.reporting import Table
 from atlas.research.agent_eval import SCENARIOS_PATH
 from atlas.research.bench import machine_info, proc_memory
-from atlas.serve.guided import Model, answer, extract_facts
+from atlas.serve.guided import answer
 
 #: llama.cpp's own timing lines: `prompt eval time = 531.47 ms / 71 tokens`, `eval time = 208.07 ms / 10 runs`.
 PERF = re.compile(r"^llama_perf_context_print:\s+(prompt eval|eval) time =\s+([\d.]+) ms /\s+(\d+) (?:tokens|runs)",

@@ -37,7 +37,8 @@ from atlas.core.recall import RecallResult, pre_recall, record_recall
 from atlas.core.store import Store
 from atlas.core.validation import check_choice, check_user
 from atlas.models.llm import LLMError, bullets, complete, first_message, llm_client, not_configured_message
-from atlas.serve.guided import Decision, Model, answer, decide
+from atlas.models.questions import Model
+from atlas.serve.guided import Decision, answer, decide
 from atlas.serve.tools import ToolResult, call_tool, error_result, openai_tools, recall_payload
 
 #: The id of the injected recall call, so a transcript shows which call the loop made for the model.
