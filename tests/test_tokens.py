@@ -9,6 +9,7 @@ concurrent tenants stay apart. Secrets live in tmp_path; the prefix's keys die w
 
 from __future__ import annotations
 
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,7 +31,8 @@ from atlas.core.schemas import index_name
 from atlas.core.store import Store
 from atlas.security import tenancy, tokens
 from atlas.security.connection import AtlasClient
-from atlas.security.secrets import read_secret, tokens_path
+from atlas.security.privacy import erase_user
+from atlas.security.secrets import read_secret, tokens_path, users_path
 from atlas.security.tenancy import authenticate_user_key, build_role_descriptor, create_user_key, revoke_user_key
 from atlas.serve import mcp_server
 from atlas.serve.mcp_server import BackgroundServer, call_remote, create_app
@@ -84,6 +86,14 @@ def live_keys(store: Store, user_id: str) -> list[str]:
     query = {"bool": {"filter": [{"term": {"metadata.atlas_prefix": store.prefix}},
                                  {"term": {"metadata.atlas_user_id": user_id}}, {"term": {"invalidated": False}}]}}
     return [key["id"] for key in store.es.security.query_api_keys(query=query, size=100)["api_keys"]]
+
+
+def semantic_docs(store: Store, user_id: str) -> list[dict]:
+    """The user's facts as stored, read with the service credential."""
+    index = index_name(store.prefix, "semantic")
+    store.es.indices.refresh(index=index)
+    hits = store.es.search(index=index, query={"term": {"user_id": user_id}}, size=100)["hits"]["hits"]
+    return [hit["_source"] for hit in hits]
 
 
 # --- 1. a tenant never holds an Elasticsearch credential ------------------------------------------------
@@ -216,6 +226,42 @@ def test_revoke_kills_keys_minted_elsewhere(tstore, tmp_path):
         tokens.revoke_user(tstore, "nobody")
 
 
+# --- revocation and erase reach every server at once -------------------------------------------------------
+
+
+def write_through(server: BackgroundServer, user: str, token: str, text: str) -> str:
+    """What a tenant's `write_memory` through `server` answered: "ok", or the error's kind."""
+    result = run(call_remote, server.url(user), token, "write_memory", {"text": text, "memory_type": "semantic"})
+    return result.content[0].text.split(":")[0] if result.is_error else "ok"
+
+
+def test_a_user_revoked_through_one_server_cannot_write_through_another(tstore, issued, tmp_path):
+    """Two servers on one cluster, each with its own copy of the secrets files (how Atlas scales out): a revoke on
+    one of them stops the user's writes through the other at once, not when that server's files change."""
+    other = replace(tstore, settings=replace(tstore.settings, home=tmp_path / "other"))
+    for path in (users_path, tokens_path):
+        path(other.settings).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path(tstore.settings), path(other.settings))
+    with BackgroundServer(create_app(other)) as second:
+        secret = issued["sarah"].secret
+        assert write_through(second, "sarah", secret, "Sarah's hub is called Beacon") == "ok"
+        tokens.revoke_user(tstore, "sarah")  # on the first server's machine
+        assert write_through(second, "sarah", secret, "written after the revocation") == "AuthError", \
+            "a user revoked through one server wrote through another"
+    assert [d["text"] for d in semantic_docs(tstore, "sarah")] == ["Sarah's hub is called Beacon"]
+
+
+def test_an_erased_user_cannot_write_within_the_token_cache(tstore, issued, server):
+    """After `erase_user` returns, the erased user's token writes nothing, though the server's token cache
+    (`C.TOKEN_CACHE_SECONDS`) still holds it: the write is checked against the user's live key."""
+    secret = issued["sarah"].secret
+    assert write_through(server, "sarah", secret, "Sarah's hub is called Beacon") == "ok"
+    erase_user(tstore, "sarah")
+    assert write_through(server, "sarah", secret, "written after the erase") == "AuthError", \
+        "an erased user's token wrote within the verifier's cache"
+    assert semantic_docs(tstore, "sarah") == []
+
+
 # --- 4. throttling, 7. Host header and cluster URL -------------------------------------------------------
 
 
@@ -226,6 +272,21 @@ def test_failed_authentications_are_throttled_per_client(tstore, issued, server)
     throttled = post(server, "sarah", issued["sarah"].secret)
     assert statuses[-1] == 429 and throttled.status_code == 429
     assert 0 < int(throttled.headers["retry-after"]) <= C.AUTH_FAILURE_WINDOW
+
+
+def test_forwarded_addresses_count_only_from_listed_proxies(tstore, issued, server):
+    """A local process that sends a new X-Forwarded-For with each bad token is one client to the throttle, unless
+    its address is listed in ATLAS_TRUSTED_PROXIES (then each forwarded address counts on its own)."""
+    def failures(target: BackgroundServer, addresses: list[str]) -> list[int]:
+        return [post(target, "sarah", f"{C.TOKEN_PREFIX}wrong-{i}", **{"X-Forwarded-For": address}).status_code
+                for i, address in enumerate(addresses)]
+
+    forged = [f"203.0.113.{i}" for i in range(C.AUTH_FAILURE_LIMIT + 1)]
+    assert failures(server, forged)[-1] == 429, "a new X-Forwarded-For on each try escaped the throttle"
+    tstore.settings = replace(tstore.settings, trusted_proxies=("127.0.0.1",))
+    with BackgroundServer(create_app(tstore)) as behind_a_proxy:
+        assert 429 not in failures(behind_a_proxy, forged), "a listed proxy's clients are told apart"
+        assert failures(behind_a_proxy, ["198.51.100.7"] * (C.AUTH_FAILURE_LIMIT + 1))[-1] == 429
 
 
 def test_info_ignores_the_host_header(tstore):

@@ -67,6 +67,9 @@ class Settings:
     #: How a JSON schema is asked of the endpoint (`atlas.models.llm.json_format`): "openai" (`json_schema`, also
     #: vLLM's and Ollama's) or "llama.cpp" (`json_object` with a `schema`, llama-cpp-python's server).
     llm_json: str = "openai"
+    #: Addresses whose X-Forwarded-For the MCP server believes (the reverse proxies in front of it); none by default,
+    #: so the throttle counts the peer that connected, whatever headers it sends.
+    trusted_proxies: tuple[str, ...] = ()
 
     @property
     def cluster_name(self) -> str:
@@ -148,8 +151,8 @@ def load_settings(**overrides: object) -> Settings:
     """Settings from the environment (ES_URL, ES_API_KEY, ES_USERNAME, ES_PASSWORD, ES_CA_CERTS,
     ATLAS_ES_NODES, ATLAS_ES_PORT, ATLAS_ES_TRANSPORT_PORT, ATLAS_ES_HEAP, ATLAS_SHARDS, ATLAS_REPLICAS,
     ATLAS_INDEX_PREFIX, ATLAS_EMBEDDING_CACHE, ATLAS_SERVICE_USER, ATLAS_EMBEDDER, ATLAS_RERANKER, OPENAI_BASE_URL,
-    OPENAI_API_KEY, ATLAS_LLM_MODEL, ATLAS_LLM_JSON), then keyword overrides. Ports, heap, shards and replicas default
-    by the number of local nodes."""
+    OPENAI_API_KEY, ATLAS_LLM_MODEL, ATLAS_LLM_JSON, ATLAS_TRUSTED_PROXIES: comma-separated), then keyword
+    overrides. Ports, heap, shards and replicas default by the number of local nodes."""
     env = os.environ.get
     nodes = int(str(overrides.get("es_nodes") or env("ATLAS_ES_NODES", "1")))
     single = nodes == 1
@@ -173,6 +176,7 @@ def load_settings(**overrides: object) -> Settings:
         "reranker": env("ATLAS_RERANKER", DEFAULT_RERANKER),
         **llm_endpoint(env("OPENAI_BASE_URL") or None, env("OPENAI_API_KEY") or None, env("ATLAS_LLM_MODEL") or None,
                        env("ATLAS_LLM_JSON") or None),
+        "trusted_proxies": tuple(part.strip() for part in env("ATLAS_TRUSTED_PROXIES", "").split(",") if part.strip()),
     }
     values.update(overrides)
     return Settings(**values)

@@ -307,6 +307,12 @@ class KeyReader:
         self.clients[user_id] = (key.id, client)
         return client
 
+    def check_live(self, user_id: str) -> None:
+        """Ask the cluster, now, whether the user's key still authenticates; `AuthError` if it was revoked,
+        rotated away or erased by any server. Writes go out with the service credential: they are checked here
+        first, so that no server's copy of the secrets files lets a revoked user write."""
+        self(user_id).security.authenticate()
+
 
 _PROVISION_LOCK = threading.Lock()
 

@@ -48,6 +48,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from atlas import constants as C
 from atlas.core.errors import AtlasError, AuthError
@@ -109,10 +110,17 @@ def public(result: ToolResult) -> ToolResult:
 
 
 def run_for_request(store: Store, reader: KeyReader, scope: Scope, name: str, arguments: object) -> ToolResult:
-    """Run a tool as the user the guard authenticated, reading through that user's stored key."""
+    """Run a tool as the user the guard authenticated, reading through that user's stored key; a write or forget
+    runs only while that key still authenticates in the cluster (`KeyReader.check_live`)."""
     user_id = scope.get(USER_KEY)
     if user_id is None:
         return error_result("AuthError", "this request was not authenticated: connect through /api/atlas/mcp/<user>")
+    tool = TOOLS.get(name)
+    if tool is not None and not tool.read_only:
+        try:
+            reader.check_live(user_id)  # a write: the user's key must still work in the cluster, not only here
+        except AtlasError as exc:
+            return public(error_result(type(exc).__name__, str(exc)))
     request_store = replace(store, reader=KeyBoundReader(reader, user_id))
     return public(call_tool(request_store, user_id, name, arguments))
 
@@ -273,7 +281,8 @@ def create_app(store: Store, *, host: str = C.MCP_HOST, port: int = C.MCP_PORT,
                public_url: str | None = None) -> FastAPI:
     """FastAPI app: the MCP endpoint (guarded by Atlas tokens) and its unauthenticated /info (no secrets in it).
 
-    Reads always go through the user's stored DLS key, whatever `store.reader` is. /info names
+    Reads always go through the user's stored DLS key, whatever `store.reader` is. The throttle counts the peer
+    that connected, or the client a proxy in `settings.trusted_proxies` forwards for. /info names
     `public_url`, else the bound `host:port`, never the request's Host header (which a client chooses).
     """
     manager = StreamableHTTPSessionManager(app=build_mcp_server(store, KeyReader(store)), json_response=True,
@@ -288,6 +297,8 @@ def create_app(store: Store, *, host: str = C.MCP_HOST, port: int = C.MCP_PORT,
 
     app = FastAPI(title="Atlas MCP", lifespan=lifespan)
     app.router.routes.append(Route(MCP_PATH, endpoint=guard))
+    if store.settings.trusted_proxies:  # uvicorn runs without proxy headers: only the listed proxies are believed
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=list(store.settings.trusted_proxies))
 
     @app.get(INFO_PATH)
     def info(user_id: str) -> dict:
@@ -304,7 +315,7 @@ def serve(*, host: str = C.MCP_HOST, port: int = C.MCP_PORT, prefix: str | None 
           public_url: str | None = None) -> None:
     """Run the app with uvicorn until interrupted (`atlas serve`, `make serve`)."""
     app = create_app(open_store(prefix), host=host, port=port, public_url=public_url)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    uvicorn.run(app, host=host, port=port, log_level="info", proxy_headers=False)
 
 
 # --- in-process serving and a client (tests, notebooks) --------------------------------------------
@@ -318,7 +329,8 @@ class BackgroundServer:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = host, self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
+                                                    proxy_headers=False))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
                                        name=f"atlas-mcp-{self.port}")
         self.thread.start()
