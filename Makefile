@@ -15,13 +15,22 @@ endif
 
 .PHONY: run test test-fast test-cluster lint setup browser lab es-up es-down es-reset es-status llm-up llm-down notebooks nbval pytest eval bench serve clean
 
+# llama.cpp's server (the `local-llm` extra) is compiled once per machine, for any x86-64 with AVX2 or any ARMv8, not
+# for the build machine alone: a native build uses every instruction the processor lists, AMX tiles included, which a
+# virtual machine may list and then trap ("invalid opcode" on the first token). pip's wheel cache ignores CMAKE_ARGS,
+# so the wheel is built outside it and kept in LLAMA_WHEELS.
+LLAMA_VERSION := $(shell sed -n 's/.*"llama-cpp-python\[server\]==\([0-9.]*\)".*/\1/p' pyproject.toml)
+LLAMA_WHEELS ?= $(HOME)/.cache/atlas-memory/wheels-ggml-portable
+
 # The package with every extra (`dev` pulls in serve, llm, notebooks, research, local and local-llm): `pip install .` alone
 # is the lean base, the memory without the workshop (pyproject.toml).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl > /dev/null 2>&1 || CMAKE_ARGS=-DGGML_NATIVE=OFF \
+		$(PY) -m pip wheel -q --no-cache-dir --no-deps -w $(LLAMA_WHEELS) llama-cpp-python==$(LLAMA_VERSION)
+	$(PY) -m pip install -q --find-links $(LLAMA_WHEELS) -e '.[dev]'
 	$(PY) -m ipykernel install --sys-prefix --name python3 > /dev/null
 	touch $@
 

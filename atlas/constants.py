@@ -279,9 +279,9 @@ CONSOLIDATION_TRIGGER_SIMILARITY = 0.80
 CONSOLIDATION_BATCH = 200
 #: `maybe_consolidate` runs once a user has this many episodes past the watermark.
 CONSOLIDATE_EVERY = 20
-#: The proposer consolidation runs unless told (a key of `atlas.consolidation.proposers.PROPOSERS`): the one with the
-#: higher mean precision and recall on data/consolidation (metrics.json; tests/test_consolidate.py checks it). The
-#: rules, ahead of the guided local model on every kind (docs/llm.md).
+#: The proposer consolidation runs unless told (a key of `atlas.consolidation.proposers.PROPOSERS`): for every model
+#: recorded, the run with the higher mean precision and recall on data/consolidation, the rules or a proposer on that
+#: model (metrics.json; tests/test_consolidate.py checks it). The rules, ahead of both local models (docs/llm.md).
 CONSOLIDATION_PROPOSER = "rule"
 #: Rule baseline: a statement with a change cue retires the most similar current fact at or above this cosine.
 CONSOLIDATION_RULE_SUPERSEDE_SIMILARITY = 0.5

@@ -19,6 +19,7 @@ from atlas.ops import llm_server
 from atlas.research.llm_bench import bench_messages, bench_model, llama_speed
 from atlas.serve.agent import Agent
 from tests.conftest import episodes
+from tests.llm_stub import scripted_llm
 
 
 def test_the_server_serves_the_pinned_model(local_llm):
@@ -53,6 +54,16 @@ def test_a_server_that_is_down_is_a_clear_error_and_loses_nothing(store, local_l
         Agent(store, "sarah", settings=down, sleep=waits.append).turn("Is the porch light on a schedule?")
     assert waits == [1.0, 2.0, 4.0]
     assert episodes(store) == ["Is the porch light on a schedule?"]
+
+
+def test_a_server_that_lists_models_but_cannot_generate_is_not_up(local_llm):
+    """`up` asks for a first token: a runtime that dies there (an instruction the processor cannot run) lists its
+    models all the same. A stub stands in for the broken server; the real one generates."""
+    assert llm_server.generates(local_llm, C.LOCAL_LLM_MODEL) is None
+    with scripted_llm([(500, {"error": {"message": "ggml crashed"}})]) as broken:
+        problem = llm_server.generates(replace(local_llm, llm_base_url=broken.base_url), C.LOCAL_LLM_MODEL)
+    assert problem is not None and problem.startswith("HTTP 500") and "ggml crashed" in problem
+    assert llm_server.generates(replace(local_llm, llm_base_url="http://127.0.0.1:9/v1"), C.LOCAL_LLM_MODEL)
 
 
 def test_a_message_the_real_server_refuses_is_not_retried(local_llm):

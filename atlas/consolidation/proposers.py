@@ -514,17 +514,24 @@ class GuidedProposer:
         return proposals
 
     def supersession(self, batch: Batch, episode: Episode, text: str) -> dict:
+        untrue = self.untrue(batch, text)
+        kind = self.contradiction(episode, text) if untrue else None
+        return {} if kind is None else {"supersedes_id": [f.id for f in untrue], "contradiction": kind}
+
+    def untrue(self, batch: Batch, text: str) -> list[Fact]:
+        """The current facts the model says `text` makes untrue, from the most similar ones shown to it."""
         if not batch.facts:
-            return {}
+            return []
         scores = batch.similarity(text, [f.text for f in batch.facts])
         nearest = np.argsort(-scores, kind="stable")[:self.candidates]
         options = [batch.facts[i] for i in nearest if scores[i] >= self.similarity]
-        untrue = self.ask(pick, "pick_untrue", UNTRUE_QUESTION, text, [f.text for f in options])
-        if not untrue:
-            return {}
-        kind = self.ask(classify, "classify_contradiction", CONTRADICTION_QUESTION, f"{episode.text}\nNew fact: {text}",
-                        list(C.CONTRADICTIONS))
-        return {} if kind is None else {"supersedes_id": [options[i].id for i in untrue], "contradiction": kind}
+        return [options[i] for i in self.ask(pick, "pick_untrue", UNTRUE_QUESTION, text, [f.text for f in options])
+                or []]
+
+    def contradiction(self, episode: Episode, text: str) -> str | None:
+        """Natural or harsh, as the model reads the episode that states `text`; None when it gives no usable answer."""
+        return self.ask(classify, "classify_contradiction", CONTRADICTION_QUESTION,
+                        f"{episode.text}\nNew fact: {text}", list(C.CONTRADICTIONS))
 
     def outcome(self, batch: Batch, at: int) -> dict | None:
         episode = batch.episodes[at]

@@ -33,6 +33,8 @@ from atlas.models.llm import LLMError
 from atlas.models.nomic import sha256
 
 START_TIMEOUT_S = 120
+#: The first token, in `up`: a model loads its weights on the first request.
+FIRST_TOKEN_TIMEOUT_S = 120
 
 
 @dataclass(frozen=True)
@@ -123,9 +125,25 @@ def answers(settings: Settings) -> bool:
     return response.status == 200
 
 
+def generates(settings: Settings, name: str) -> str | None:
+    """None when the endpoint generates a token of `name`; else what went wrong. A server can list its models and
+    still die on its first token (a runtime compiled for instructions the processor cannot run)."""
+    body = {"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    try:
+        response = urllib3.request("POST", f"{settings.llm_base_url}/chat/completions", json=body,
+                                   timeout=FIRST_TOKEN_TIMEOUT_S, retries=False)
+    except urllib3.exceptions.HTTPError as exc:
+        return type(exc).__name__
+    return None if response.status == 200 else f"HTTP {response.status}: {response.data[:200].decode(errors='replace')}"
+
+
+def _log_tail(settings: Settings) -> str:
+    return "\n".join((server_dir(settings) / "llm.log").read_text(errors="replace").splitlines()[-20:])
+
+
 def up(settings: Settings | None = None, *, name: str | None = None) -> dict:
     """Serve `name` (default: the configured model, ATLAS_LLM_MODEL or `C.LOCAL_LLM_MODEL`) on loopback, replacing
-    a server of another model (idempotent), and wait until it answers."""
+    a server of another model (idempotent), and wait until it answers and generates a token."""
     settings = settings or load_settings()
     name = name or settings.llm_model or C.LOCAL_LLM_MODEL
     local_model(name)
@@ -149,9 +167,15 @@ def up(settings: Settings | None = None, *, name: str | None = None) -> dict:
     deadline = time.monotonic() + START_TIMEOUT_S
     while not answers(settings):
         if _pid(settings) is None or time.monotonic() > deadline:
-            tail = (server_dir(settings) / "llm.log").read_text(errors="replace").splitlines()[-20:]
-            raise LLMError("the local model server did not start; the end of its log:\n" + "\n".join(tail))
+            raise LLMError("the local model server did not start; the end of its log:\n" + _log_tail(settings))
         time.sleep(0.5)
+    if (problem := generates(settings, name)) is not None:
+        tail = _log_tail(settings)
+        down(settings)
+        raise LLMError(f"the local model server started but could not generate a token ({problem}); if the kernel "
+                       "log (dmesg) shows 'invalid opcode', llama-cpp-python was compiled for instructions this "
+                       "processor cannot run: rebuild it as `make setup` does (docs/llm.md). The end of its log:\n"
+                       + tail)
     return status(settings)
 
 

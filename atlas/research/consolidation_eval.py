@@ -9,9 +9,10 @@ and what the guards accepted is matched one-to-one with the labels:
 - an outcome update matches on (playbook, worked or not);
 - a new playbook matches when it cites one of the labelled playbook's episodes.
 
-Supersession (same retired facts and kind) and refined steps are scored on the matches.
-Each proposer's recorded scores, the command and model that produced them and the tolerance are in
-data/consolidation/metrics.json (`record`); tests assert against that file.
+Supersession (same retired facts and kind) and refined steps are scored on the matches. The guided proposer's
+supersession questions are also scored each on its own, on the labelled facts (`evaluate_questions`).
+The scores of each run (a proposer, and the model it asked), the command that produced them and the tolerance are
+in data/consolidation/metrics.json (`record`); tests assert against that file.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from atlas import constants as C
-from atlas.consolidation.consolidate import Decision, consolidate, similarity_of
-from atlas.consolidation.proposers import Proposer, Similarity
+from atlas.consolidation.consolidate import Decision, Watermark, consolidate, read_batch, similarity_of
+from atlas.consolidation.proposers import GuidedProposer, Proposer, Similarity
 from atlas.core.store import Store
 from atlas.research.datasets import REPO_ROOT, KeyMap, load_once, persona_document, read_jsonl
 
@@ -48,44 +49,66 @@ def read_expected_metrics(path: Path = CONSOLIDATION_DIR) -> dict:
     return json.loads((Path(path) / METRICS_FILE).read_text())
 
 
+def run_key(proposer: str, model: str | None) -> str:
+    """A run's key in metrics.json: the proposer, and the model it asked if any ("guided on smollm2-135m")."""
+    return proposer if model is None else f"{proposer} on {model}"
+
+
 def record(result: Evaluation, *, today: str, path: Path = CONSOLIDATION_DIR) -> Path:
-    """Write a proposer's scores (precision, recall and the counts they are made of) into metrics.json, under its
-    name, with the model it ran on."""
+    """Write a run's scores (precision, recall and the counts they are made of) into metrics.json, under its
+    `run_key`; the runs of other proposers and models stay."""
     data = read_expected_metrics(path)
-    scores = result.metrics()
-    data["proposers"][result.proposer] = {"command": f"atlas consolidate --evaluate --proposer {result.proposer}",
-                                          "recorded": today, "model": result.model, "scores": scores}
+    command = f"atlas consolidate --evaluate --proposer {result.proposer}"
+    data["runs"][run_key(result.proposer, result.model)] = {
+        "proposer": result.proposer, "model": result.model,
+        "command": command if result.model is None else f"ATLAS_LLM_MODEL={result.model} {command}",
+        "recorded": today, "scores": result.metrics(),
+        **({"questions": result.question_metrics()} if result.questions else {})}
     target = Path(path) / METRICS_FILE
     target.write_text(json.dumps(data, indent=2) + "\n")
     return target
 
 
 def compare(result: Evaluation, path: Path = CONSOLIDATION_DIR) -> list[str]:
-    """What differs from the proposer's recorded precision and recall by more than the file's tolerance (a
-    proposer with no record, or recorded on another model, is one problem)."""
+    """What differs from the run's recorded precision and recall by more than the file's tolerance (a proposer
+    and model with no record is one problem)."""
     data = read_expected_metrics(path)
-    recorded = data["proposers"].get(result.proposer)
-    if recorded is None:
-        return [f"no recorded scores for the proposer {result.proposer!r} in {Path(path) / METRICS_FILE}"]
-    if recorded["model"] != result.model:
-        return [f"the recorded scores of {result.proposer!r} are of the model {recorded['model']!r}, not "
-                f"{result.model!r}"]
-    measured = result.metrics()
+    key = run_key(result.proposer, result.model)
+    if (recorded := data["runs"].get(key)) is None:
+        return [f"no recorded scores for {key!r} in {Path(path) / METRICS_FILE}"]
+    measured = result.metrics() | result.question_metrics()
     return [f"{part} {name}: {measured[part][name]:.4f}, recorded {scores[name]:.4f} (tolerance {data['tolerance']})"
-            for part, scores in recorded["scores"].items() for name in ("precision", "recall")
-            if abs(measured[part][name] - scores[name]) > data["tolerance"]]
+            for part, scores in (recorded["scores"] | recorded.get("questions", {})).items()
+            for name in ("precision", "recall") if abs(measured[part][name] - scores[name]) > data["tolerance"]]
+
+
+def mean_score(run: Mapping) -> float:
+    """The mean of a recorded run's precisions and recalls over every kind: how proposers are ranked."""
+    return sum(s[m] for s in run["scores"].values() for m in ("precision", "recall")) / (2 * len(run["scores"]))
 
 
 def markdown_table(path: Path = CONSOLIDATION_DIR) -> str:
-    """The recorded scores of every proposer as a Markdown table, each cell "precision (matched/proposed), recall
-    (matched/expected)" (docs/llm.md quotes it; a test keeps the two equal)."""
-    data = read_expected_metrics(path)["proposers"]
-    parts = list(next(iter(data.values()))["scores"])
-    rows = ["| proposer | model | " + " | ".join(parts) + " |", "|---|---|" + "---|" * len(parts)]
-    for name, entry in data.items():
+    """Every recorded run as a Markdown table, each cell "precision (matched/proposed), recall (matched/expected)"
+    (docs/llm.md quotes it; a test keeps the two equal)."""
+    runs = read_expected_metrics(path)["runs"]
+    parts = list(next(iter(runs.values()))["scores"])
+    rows = ["| proposer | model | " + " | ".join(parts) + " | mean |", "|---|---|" + "---|" * (len(parts) + 1)]
+    for run in runs.values():
         cells = [f"P {s['precision']:.2f} ({s['matched']}/{s['proposed']}), R {s['recall']:.2f} "
-                 f"({s['matched']}/{s['expected']})" for s in (entry["scores"][part] for part in parts)]
-        rows.append(f"| {name} | {entry['model'] or 'none'} | " + " | ".join(cells) + " |")
+                 f"({s['matched']}/{s['expected']})" for s in (run["scores"][part] for part in parts)]
+        rows.append(f"| {run['proposer']} | {run['model'] or 'none'} | " + " | ".join(cells)
+                    + f" | {mean_score(run):.2f} |")
+    return "\n".join(rows)
+
+
+def questions_table(path: Path = CONSOLIDATION_DIR) -> str:
+    """The recorded `evaluate_questions` scores of every run that has them, as a Markdown table (docs/llm.md)."""
+    runs = [run for run in read_expected_metrics(path)["runs"].values() if "questions" in run]
+    parts = list(runs[0]["questions"])
+    rows = ["| proposer | model | " + " | ".join(parts) + " |", "|---|---|" + "---|" * len(parts)]
+    rows += [f"| {run['proposer']} | {run['model']} | " + " | ".join(
+        f"P {s['precision']:.2f} ({s['matched']}/{s['proposed']}), R {s['recall']:.2f} ({s['matched']}/{s['expected']})"
+        for s in (run["questions"][part] for part in parts)) + " |" for run in runs]
     return "\n".join(rows)
 
 
@@ -122,10 +145,15 @@ class Evaluation:
     refined: Score
     #: One row per accepted proposal and per missed label (for a table).
     rows: list[dict] = field(default_factory=list)
+    #: The model's questions each on its own (`evaluate_questions`); empty for a proposer that asks none.
+    questions: dict[str, Score] = field(default_factory=dict)
 
     def metrics(self) -> dict:
         return {name: getattr(self, name).as_dict() for name in ("facts", "outcomes", "playbooks", "supersessions",
                                                                    "refined")}
+
+    def question_metrics(self) -> dict:
+        return {name: score.as_dict() for name, score in self.questions.items()}
 
     def summary_rows(self) -> list[dict]:
         return [{"what": name, **{k: v for k, v in score.items()}} for name, score in self.metrics().items()]
@@ -222,4 +250,35 @@ def evaluate(store: Store, proposer: Proposer, path: Path = CONSOLIDATION_DIR, *
 
     return Evaluation(proposer.name, getattr(proposer, "model", None),
                       Score(len(fact_matches), len(facts), len(want["fact"])), outcomes, playbooks, supersessions,
-                      refined, rows)
+                      refined, rows,
+                      evaluate_questions(store, proposer, path) if isinstance(proposer, GuidedProposer) else {})
+
+
+def evaluate_questions(store: Store, proposer: GuidedProposer, path: Path = CONSOLIDATION_DIR) -> dict[str, Score]:
+    """The guided proposer's supersession questions, each on its own: asked about the labelled facts, not the
+    model's own extractions, so that a fact it failed to extract does not count against them.
+
+    - `pick_untrue`: for every labelled fact, which of the current facts shown to the model it makes untrue,
+      against the labelled ones (a match per retired fact; a fact that retires nothing should get an empty answer);
+    - `classify_contradiction`: natural or harsh, for every labelled supersession.
+
+    Extraction and the outcome question are the `facts` and `outcomes` of `evaluate`. Needs the set loaded.
+    """
+    ids = load_consolidation_set(store, path)
+    key_of = {doc_id: key for key, doc_id in ids.items()}
+    labels = [label for label in read_labels(path) if label["kind"] == "fact"]
+    picked, classified = Score(), Score()
+    for user_id in sorted({label["user_id"] for label in labels}):
+        batch = read_batch(store, user_id, Watermark())
+        episodes = {key_of.get(e.id, e.id): e for e in batch.episodes}
+        for label in (label for label in labels if label["user_id"] == user_id):
+            retired = set(label.get("supersedes_keys", []))
+            said = _keys([fact.id for fact in proposer.untrue(batch, label["text"])], key_of)
+            picked.matched, picked.proposed = picked.matched + len(said & retired), picked.proposed + len(said)
+            picked.expected += len(retired)
+            if retired:
+                kind = proposer.contradiction(episodes[label["supporting_episode_keys"][0]], label["text"])
+                classified.expected += 1
+                classified.proposed += kind is not None
+                classified.matched += kind == label["contradiction"]
+    return {"pick_untrue": picked, "classify_contradiction": classified}
