@@ -45,8 +45,9 @@ MIN_TOLERANCE = 0.01
 #: and an answer near a tie flipping on another.
 TOLERANCE_SCENARIOS = 1
 #: Questions' worth a mean may move: two fresh loads of the LoCoMo CI subset (bbq_hnsw) differed by one question
-#: in a group (2026-12-02), and the recorded run is one such load too.
-TOLERANCE_QUESTIONS = 2
+#: in a group (2026-12-02), and a noise of 3e-4 on every vector (notebooks/README.md, the check a fresh processor
+#: stands for) moved a conversation's R@10 by 0.012, 2.4 questions' worth of 199 (2026-12-05).
+TOLERANCE_QUESTIONS = 3
 
 
 @dataclass(frozen=True)
