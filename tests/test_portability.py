@@ -9,7 +9,8 @@ an AMD EPYC differed at the third decimal of z-scored scores, and near-tied rank
   ``ATLAS_EMBEDDER=noisy:3e-4:nomic ATLAS_RERANKER=noisy:3e-4:e5`` (notebooks/README.md says how to run it).
   Its tests below need no cluster.
 - `test_embeddings_stay_within_the_simulated_noise` embeds a fixed set of texts with both default models and compares
-  them with reference values recorded on the machine that executed the notebooks (tests/data/portability.json).
+  them with reference values recorded on each machine where the notebooks' committed outputs were checked
+  (tests/data/portability.json, one entry per processor).
 
 Where the tolerance comes from: the notebooks' committed outputs were checked to hold under query noise of standard
 deviation NOISE_SCALE on both stages (3e-4: the size of the differences of issue 33, z-scores apart at their third
@@ -18,12 +19,15 @@ a stored unit vector by a normal deviate of standard deviation NOISE_SCALE, and 
 as much. The test applies that very noise (`NoisyQueries`, seed 0) to this text set and takes the largest move it
 makes, among the cosines (1 to 2 x NOISE_SCALE: the passages of a model lie close together, so a query's
 moves are alike) and among the leading components (about 3 x NOISE_SCALE): this machine's vectors must stay
-closer to the reference than that, or the committed outputs were not shown to hold here. Passage vectors get the
+that close to one recorded machine's, or the committed outputs were not shown to hold here. Passage vectors get the
 components' bound (a processor moves them as it moves queries). The references are rounded to 4 decimals, an error of
 at most 5e-5; on the recording machine the differences are nothing more.
 
-Regenerate the references (only when a model changes, never to make the test pass on a new machine):
-``ATLAS_HOME=$PWD HF_HUB_OFFLINE=1 .venv/bin/python tests/test_portability.py --write``.
+Processors differ by more than that noise: the int8 nomic of an Intel Xeon with VNNI and AMX and of an AMD EPYC with
+AVX2 alone agree to 1e-4 on most texts and differ by up to 1.9e-2 in a cosine on three of these ten passages, and
+e5 by up to 1.3e-3 (2026-12-05). So a processor is added only after `make test` passed on it, committed outputs
+included: ``ATLAS_HOME=$PWD HF_HUB_OFFLINE=1 .venv/bin/python tests/test_portability.py --write "<what was checked>"``
+records this machine's entry beside the others. Replace all of them only when a model changes.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ REFERENCE = Path(__file__).parent / "data" / "portability.json"
 DECIMALS = 4
 #: Leading components of each vector kept in the reference file.
 HEAD = 8
+#: The /proc/cpuinfo flags that choose onnxruntime's int8 kernels, named in each processor's entry.
+KERNEL_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
 
 QUERIES = [
     "What is my hub called?",
@@ -101,21 +107,34 @@ def tolerances(model: Embedder) -> dict[str, float]:
     return {"cosines": cosines, "query_head": components, "passage_head": components}
 
 
+def processor() -> str:
+    """This machine's processor, as the reference file names it: model and the flags that pick int8 kernels."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    return f"{model} ({' '.join(flag for flag in KERNEL_FLAGS if flag in flags) or 'no AVX2'})"
+
+
 @pytest.mark.parametrize("stage", MODELS)
 def test_embeddings_stay_within_the_simulated_noise(stage: str) -> None:
-    reference = json.loads(REFERENCE.read_text())[stage]
-    assert reference["spec"] == MODELS[stage], f"{REFERENCE.name} was recorded for another model: regenerate it"
+    machines = json.loads(REFERENCE.read_text())["machines"]
+    assert all(entry[stage]["spec"] == MODELS[stage] for entry in machines.values()), \
+        f"{REFERENCE.name} was recorded for another model: regenerate it"
     model = load_embedder(MODELS[stage])  # not cached: the cache would hold another machine's vectors
     bounds = tolerances(model)
     assert all(NOISE_SCALE / 2 < bound < 6 * NOISE_SCALE for bound in bounds.values()), bounds
-    for key, values in measure(model).items():
-        deviation = np.abs(np.subtract(values, reference[key]))
-        worst = np.unravel_index(int(deviation.argmax()), deviation.shape)
-        assert deviation.max() < bounds[key], (
-            f"{stage} ({MODELS[stage]}) {key} differ from the reference by up to {deviation.max():.1e} at {worst}, "
-            f"more than the {bounds[key]:.1e} that query noise of {NOISE_SCALE:g} makes, under which the notebooks' "
-            f"committed outputs were checked: check them on this machine with a larger noise (notebooks/README.md)"
-        )
+    measured = measure(model)
+    misses = {}
+    for name, entry in machines.items():
+        deviations = {key: np.abs(np.subtract(values, entry[stage][key])) for key, values in measured.items()}
+        beyond = {key: f"{d.max():.1e} > {bounds[key]:.1e} at {np.unravel_index(int(d.argmax()), d.shape)}"
+                  for key, d in deviations.items() if d.max() >= bounds[key]}
+        if not beyond:
+            return
+        misses[name] = beyond
+    pytest.fail(f"{stage} ({MODELS[stage]}) on {processor()} is like no processor where the notebooks' committed "
+                f"outputs were checked, by more than query noise of {NOISE_SCALE:g} would move it: {misses}. Run "
+                f"`make test` here and, once it passes, record this machine (this file's docstring)")
 
 
 # --- the simulation ---------------------------------------------------------------------------------
@@ -210,11 +229,12 @@ def test_what_a_processor_moves_is_marked_and_masked() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--write"]:
-        sys.exit(f"usage: {sys.argv[0]} --write   (records {REFERENCE} on this machine)")
-    REFERENCE.parent.mkdir(parents=True, exist_ok=True)
-    record = {stage: {"spec": spec, **rounded(measure(load_embedder(spec)))} for stage, spec in MODELS.items()}
-    text = json.dumps(record, indent=1)
+    if len(sys.argv) != 3 or sys.argv[1] != "--write":
+        sys.exit(f'usage: {sys.argv[0]} --write "<what was checked>"   (records this machine in {REFERENCE})')
+    machines = json.loads(REFERENCE.read_text())["machines"] if REFERENCE.is_file() else {}
+    machines[processor()] = {"checked": sys.argv[2], **{stage: {"spec": spec, **rounded(measure(load_embedder(spec)))}
+                                                        for stage, spec in MODELS.items()}}
+    text = json.dumps({"machines": machines}, indent=1)
     text = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + "".join(m.group(1).split()) + "]", text)  # a row a line
     REFERENCE.write_text(text + "\n")
     print(f"wrote {REFERENCE} ({REFERENCE.stat().st_size} bytes)")
