@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import timedelta
 
 import anyio
 import httpx
@@ -21,6 +22,7 @@ from atlas.core.memory import write_memory
 from atlas.core.store import Store
 from atlas.security.tokens import create_user
 from atlas.serve.mcp_server import BackgroundServer, create_app, open_client
+from tests.conftest import NOW
 
 
 @pytest.fixture
@@ -179,3 +181,23 @@ def test_info_gives_the_client_configuration(served):
     assert info["clients"]["cursor"]["mcpServers"]["atlas"]["url"] == configured
     assert configured in info["clients"]["claude_desktop"]["mcpServers"]["atlas"]["args"]
     assert httpx.get(server.base_url + "/api/atlas/mcp/Not%20A%20User/info").status_code == 400
+
+
+def test_recall_as_of_through_the_tool(served):
+    """Issue 38: recall_memory takes as_of (ISO 8601) and answers from what was held then; a bad date is refused."""
+    store, keys, server = served
+    bristol = write_memory(store.at(NOW - timedelta(days=400)), "sarah", "Sarah lives in Bristol", "semantic")
+    edinburgh = write_memory(store.at(NOW - timedelta(days=100)), "sarah", "Sarah lives in Edinburgh", "semantic",
+                             supersedes_id=bristol)
+
+    async def flow():
+        async with open_client(server.url("sarah"), keys["sarah"]) as session:
+            return [await session.call_tool("recall_memory", {"query": "where do I live", **extra}) for extra in
+                    ({"as_of": "2025-10-01"}, {}, {"as_of": "last year"}, {"as_of": "2099-01-01T00:00:00Z"})]
+
+    then, now, vague, future = run(flow)
+    assert [m["id"] for m in then.structured_content["memories"]] == [bristol]
+    assert then.structured_content["memories"][0]["superseded_by"] == edinburgh, "what happened since is shown"
+    assert [m["id"] for m in now.structured_content["memories"]] == [edinburgh]
+    assert vague.is_error and "as_of" in vague.content[0].text
+    assert future.is_error and "after the store's clock" in future.content[0].text

@@ -9,8 +9,8 @@ import pytest
 
 from atlas.constants import SUPERSEDE_CONFIDENCE_PENALTY
 from atlas.core import supersession
-from atlas.core.errors import AlreadySuperseded, ConflictError, NotFound
-from atlas.core.memory import forget_memory, write_memory
+from atlas.core.errors import AlreadySuperseded, ConflictError, NotFound, ValidationError
+from atlas.core.memory import forget_memory, write_episode, write_memory
 from atlas.core.recall import recall
 from atlas.core.supersession import archive, history, repair
 from tests.conftest import NOW
@@ -201,3 +201,40 @@ def test_a_link_left_dangling_is_skipped(store):
     with pytest.raises(AlreadySuperseded) as info:  # retired still; the head it names is the last one left
         write_memory(store, "sarah", "Sarah's bike is green", "semantic", supersedes_id=a)
     assert info.value.head_id == a
+
+
+def test_recall_as_of_a_date_walks_the_chain(store):
+    """Issue 38: what Atlas held at each date of a chain, the archived part included; decay is measured from then."""
+    moves = {"bristol": NOW - timedelta(days=700), "edinburgh": NOW - timedelta(days=300),
+             "glasgow": NOW - timedelta(days=20)}
+    ids: dict[str, str] = {}
+    previous = None
+    for city, when in moves.items():
+        ids[city] = write_memory(store.at(when), "sarah", f"Sarah lives in {city.title()}", "semantic",
+                                 fact_type="location", supersedes_id=previous)
+        previous = ids[city]
+    ids["episode"] = write_episode(store.at(moves["edinburgh"] + timedelta(days=1)), "sarah",
+                                   "The removal van got lost on the way to Edinburgh")
+    assert archive(store, older_than="90d", progress=False) == 1, "Bristol's fact, retired 300 days ago, is archived"
+    question = "where does Sarah live?"
+
+    def held(as_of, **options):
+        return {key for key, doc_id in ids.items() if doc_id in recall(store, "sarah", question, as_of=as_of,
+                                                                        **options).ids()}
+
+    assert held(moves["bristol"] - timedelta(days=1)) == set(), "nothing was written yet"
+    assert held(moves["bristol"] + timedelta(days=1)) == {"bristol"}, "read from the archive"
+    assert held(moves["edinburgh"]) == {"edinburgh"}, "a fact superseded at T is no longer held at T"
+    assert held(moves["edinburgh"] + timedelta(days=2)) == {"edinburgh", "episode"}
+    assert held(NOW) == {"glasgow", "episode"} == held(None)
+    assert held(moves["edinburgh"] + timedelta(days=2), include_superseded=True) == {"bristol", "edinburgh", "episode"}
+    later = moves["edinburgh"] + timedelta(days=2)
+    episode = [next(h.path_scores["bm25"] for h in result.hits if h.id == ids["episode"])
+               for result in (recall(store, "sarah", "van", as_of=later, mode="bm25"),
+                              recall(store.at(later), "sarah", "van", mode="bm25"),
+                              recall(store, "sarah", "van", mode="bm25"))]
+    assert episode[0] == episode[1] != episode[2], "decayed from as_of, as a recall made then"
+    with pytest.raises(ValidationError, match="after the store's clock"):
+        recall(store, "sarah", question, as_of=NOW + timedelta(seconds=1))
+    with pytest.raises(ValidationError, match="as_of must be a datetime"):
+        recall(store, "sarah", question, as_of="2025-01-01")

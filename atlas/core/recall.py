@@ -25,7 +25,7 @@ from datetime import datetime
 import numpy as np
 
 from atlas import constants as C
-from atlas.core.clock import Period, mentioned_period
+from atlas.core.clock import Period, as_utc, es_date, mentioned_period
 from atlas.core.documents import VECTOR_FIELDS, Owned
 from atlas.core.errors import AtlasError, ValidationError
 from atlas.core.fusion import rank_pool, rrf_fuse
@@ -33,7 +33,16 @@ from atlas.core.memory import record_use
 from atlas.core.schemas import archive_name, build_owner_filter, searchable
 from atlas.core.scoring import ScoringParams, build_scored_query, period_functions
 from atlas.core.store import Store
-from atlas.core.validation import check_choice, check_flag, check_k, check_number, check_query, check_types, check_user
+from atlas.core.validation import (
+    check_choice,
+    check_flag,
+    check_k,
+    check_number,
+    check_query,
+    check_types,
+    check_user,
+    check_when,
+)
 
 
 @dataclass
@@ -99,16 +108,20 @@ class RecallResult:
 
 
 def build_filters(prefix: str, user_id: str, *, code_filter: bool = True, include_superseded: bool = False,
-                  session_id: str | None = None) -> dict:
+                  session_id: str | None = None, as_of: datetime | None = None) -> dict:
     """The user's own documents plus the shared catalog (the code-side twin of the DLS query); with `session_id`,
-    only that session's."""
+    only that session's; with `as_of`, only what was written by then and, unless `include_superseded`, not yet
+    superseded then."""
     clauses: dict = {"filter": [], "must_not": []}
     if code_filter:
         clauses["filter"].append(build_owner_filter(prefix, user_id))
     if session_id is not None:
         clauses["filter"].append({"term": {"session_id": session_id}})
-    if not include_superseded:
-        clauses["must_not"].append({"exists": {"field": "superseded_by"}})
+    if as_of is not None:
+        clauses["filter"].append({"range": {"created_at": {"lte": es_date(as_of)}}})
+    if not include_superseded:  # superseded at all, or by `as_of` (a fact retired later was current then)
+        clauses["must_not"].append({"range": {"superseded_at": {"lte": es_date(as_of)}}} if as_of is not None
+                                   else {"exists": {"field": "superseded_by"}})
     return {"bool": clauses}
 
 
@@ -149,9 +162,9 @@ def build_knn_body(vector: Sequence[float], filters: dict, params: ScoringParams
     return {"size": window, "query": knn, "seq_no_primary_term": True, "_source": {"excludes": list(VECTOR_FIELDS)}}
 
 
-def recall_indices(store: Store, types: Sequence[C.MemoryType], include_superseded: bool) -> str:
+def recall_indices(store: Store, types: Sequence[C.MemoryType], with_archive: bool) -> str:
     names = searchable(store.prefix, types=types)
-    return ",".join(names + ([archive_name(store.prefix)] if include_superseded else []))
+    return ",".join(names + ([archive_name(store.prefix)] if with_archive else []))
 
 
 def paths_of(mode: C.RecallMode) -> tuple[str, ...]:
@@ -162,17 +175,18 @@ def build_recall_requests(store: Store, user_id: str, query: str, *, mode: C.Rec
                           types: Sequence[C.MemoryType], include_superseded: bool, now: datetime,
                           params: ScoringParams, window: int, query_vector: Sequence[float] | None,
                           period: Period | None = None, routed: bool = True, session_id: str | None = None,
-                          second_stage_fields: bool = False) -> list[dict]:
+                          second_stage_fields: bool = False, as_of: datetime | None = None) -> list[dict]:
     """[{"path", "header", "body"}] of one `_msearch`: one search per retrieval path.
 
     `routed` searches only the user's shard of each index (`routing=user_id`, where all of the user's
     documents live, `documents.routing_of`); without, every shard is asked (the benchmark's comparison).
     `session_id` restricts every path to that session. `second_stage_fields` returns each hit's stored
-    `rerank_embedding` too (the embedding second stage reads it; `hubness` is always in `_source`)."""
-    header = {"index": recall_indices(store, types, include_superseded),
+    `rerank_embedding` too (the embedding second stage reads it; `hubness` is always in `_source`). `as_of` keeps
+    what was held then (`build_filters`), the archive included."""
+    header = {"index": recall_indices(store, types, include_superseded or as_of is not None),
               **({"routing": user_id} if routed else {}), "ignore_unavailable": True}
     filters = build_filters(store.prefix, user_id, code_filter=store.code_filter, include_superseded=include_superseded,
-                            session_id=session_id)
+                            session_id=session_id, as_of=as_of)
     source = ({"exclude_vectors": False, "excludes": [f for f in VECTOR_FIELDS if f != "rerank_embedding"]}
               if second_stage_fields else {"excludes": list(VECTOR_FIELDS)})
     requests = []
@@ -306,12 +320,16 @@ DEFAULT_TUNING = Tuning()
 
 def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequence[C.MemoryType] | None = None,
            include_superseded: bool = False, mode: C.RecallMode = C.DEFAULT_RECALL_MODE,
-           tuning: Tuning = DEFAULT_TUNING) -> RecallResult:
+           as_of: datetime | None = None, tuning: Tuning = DEFAULT_TUNING) -> RecallResult:
     """The user's memories (and catalog items) most relevant to `query`, best first.
 
     Reads go through the user's own client, at the store's clock (`store.now`; `Store.at` fixes it), with the
     store's scoring parameters. It only reads: `record_recall` counts the facts it returned as used. A query
     longer than `MAX_QUERY_CHARS` is refused: search a stored text with `clip_query`.
+
+    `as_of` (not after the store's clock) recalls what Atlas held then: memories written by then, facts not yet
+    superseded then (archived ones too), decay and named periods measured from then. Memories forgotten since
+    are gone, and use counts are today's.
     """
     check_user(user_id)
     check_query(query)
@@ -321,6 +339,12 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
     check_flag(include_superseded, "include_superseded")
     tuning.checked()
     now = store.now()
+    if as_of is not None:
+        as_of = as_utc(check_when(as_of, "as_of"))
+        if as_of > now:
+            raise ValidationError(f"as_of {es_date(as_of)} is after the store's clock ({es_date(now)}): "
+                                  "recall as of now needs no as_of")
+        now = as_of
     timings = {"embed": 0.0, "es": 0.0, "fusion": 0.0, "second": 0.0}
     started = time.perf_counter()
     query_vector = store.embedder.embed_queries([query])[0] if mode != "bm25" else None
@@ -330,7 +354,7 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
     requests = build_recall_requests(store, user_id, query, mode=mode, types=checked_types,
                                      include_superseded=include_superseded, now=now, params=store.params,
                                      window=max(tuning.window, k), query_vector=query_vector, period=period,
-                                     routed=tuning.routed,
+                                     routed=tuning.routed, as_of=as_of,
                                      second_stage_fields=stage is not None and stage.embedder is not None)
     started = time.perf_counter()
     raw, rankings, path_scores = search(store, user_id, requests, timings=timings)

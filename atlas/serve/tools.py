@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from elasticsearch import ApiError, TransportError
@@ -45,6 +46,9 @@ class RecallArgs(ToolArgs):
                                              description="Only these memory types; leave out to search all.")
     include_superseded: bool = Field(False, description="Also return facts that newer facts retired (for "
                                                         "\"what did I say before?\"); they carry superseded_by.")
+    as_of: datetime | None = Field(None, description="What the memory held at this past moment (ISO 8601, UTC "
+                                                     "unless it names a zone), for \"where did I live in 2024?\": "
+                                                     "memories written by then, facts not yet superseded then.")
 
 
 class WriteArgs(ToolArgs):
@@ -118,9 +122,11 @@ def recall_payload(result: RecallResult) -> dict:
 
 
 def run_recall(store: Store, user_id: str, args: RecallArgs) -> dict:
-    """Recall, then count it as a use of the facts it returned (`record_recall`), unless the store says not to."""
-    result = recall(store, user_id, args.query, k=args.k, types=args.types, include_superseded=args.include_superseded)
-    if store.record_use:
+    """Recall, then count it as a use of the facts it returned (`record_recall`), unless the store says not to or
+    the recall was as of a past moment."""
+    result = recall(store, user_id, args.query, k=args.k, types=args.types, include_superseded=args.include_superseded,
+                    as_of=args.as_of)
+    if store.record_use and args.as_of is None:  # a look at the past is not a use of today's facts
         record_recall(store, result)
     return recall_payload(result)
 
@@ -156,7 +162,7 @@ Memory types:
 {bullets(C.MEMORY_TYPE_MEANINGS)}
 Use it before answering anything that depends on the user's home, devices, people, preferences or past
 problems, and before writing a fact, to find the current facts the new one may make false.
-Superseded facts are hidden unless include_superseded is true."""
+Superseded facts are hidden unless include_superseded is true; as_of asks what was held at a past moment."""
 
 WRITE_DESCRIPTION = f"""Store a memory for the user.
 Write a semantic fact when the user states something durable about themselves, their home, devices, people,
