@@ -336,6 +336,7 @@ def users_erase(user_id: str, prefix: str | None = PREFIX_OPTION,
         if not yes:
             typer.confirm(f"erase every memory of {user_id} in prefix {scope.prefix}, with their keys and tokens? "
                           "This cannot be undone", abort=True)
+        typer.echo("deleting, then merging the deleted documents out of the term statistics (about 30 s)", err=True)
         report = erase_user(scope, user_id)
     except AtlasError as exc:
         _fail(exc)

@@ -190,6 +190,11 @@ ARCHIVE_BATCH = 500
 PRIVACY_BATCH = 500
 #: How long a point in time of those pages stays open between two pages.
 PIT_KEEP_ALIVE = "2m"
+#: Seconds an erasure waits for the merge that takes its deleted documents out of the term statistics (the cluster
+#: keeps deleted documents for its replicas until their retention leases move up, every 30 s or so), and between
+#: two looks at those leases.
+ERASE_MERGE_TIMEOUT = 300
+ERASE_MERGE_POLL = 2.0
 
 # --- serving ------------------------------------------------------------------
 #: Where `atlas serve` listens unless told otherwise (loopback only).

@@ -36,7 +36,7 @@ from atlas.core.errors import SchemaMismatch, ValidationError
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
 
 #: Bumped when a mapping changes; stored in `_meta` so a mismatch names both versions.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 KEYWORD = {"type": "keyword"}
 DATE = {"type": "date"}
@@ -119,6 +119,11 @@ def common_mappings(dims: int, rerank_dims: int | None, *, vector_index: VectorI
         "session_id": KEYWORD,
         "fact_type": KEYWORD,
         "archived_from": KEYWORD,
+        # A LangGraph store item (`atlas.integrations.langgraph`): its namespace (the labels joined by ".", which no
+        # label holds), its key, and its value as given, kept in `_source` and not indexed.
+        "namespace": KEYWORD,
+        "key": KEYWORD,
+        "value": {"type": "object", "enabled": False},
         # Mean cosine to the owner's most similar memories, held against a candidate by the second stage
         # (`atlas.core.hubness`); written for all of an owner's memories at once, absent until then.
         "hubness": {"type": "float"},
@@ -171,6 +176,9 @@ def index_settings(*, shards: int = SINGLE_NODE_SHARDS, replicas: int = SINGLE_N
         "number_of_replicas": replicas,
         "mapping": {"exclude_source_vectors": not source_vectors},
         "similarity": SIMILARITY,
+        # An erasure's `_forcemerge?only_expunge_deletes` rewrites every segment holding a deleted document (the
+        # default, 10%, would leave a few erased documents in the term statistics).
+        "merge": {"policy": {"expunge_deletes_allowed": 0}},
         "analysis": {"analyzer": {
             "atlas_exact": {"type": "custom", "tokenizer": "whitespace", "filter": ["lowercase"]},
             "atlas_english": {"type": "english", "stopwords": list(ENGLISH_STOPWORDS)},

@@ -10,6 +10,7 @@ vectors: those belong to the model, not the user, and an import recomputes them 
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -84,7 +85,8 @@ def erase_user(scope: Scope, user_id: str, *, batch: int = C.PRIVACY_BATCH) -> E
     every key the cluster holds for them and revoke their tokens. Idempotent: a second call reports zeros.
 
     Keys and tokens go first, so the user can neither read nor write while their documents are deleted,
-    and an erasure that fails half-way leaves them locked out until it is run again.
+    and an erasure that fails half-way leaves them locked out until it is run again. The deleted documents are
+    then merged out of their segments (`expunge`: about half a minute), so that they count in nobody's scores.
     """
     check_user(user_id)
     revocation = _revoke(scope, user_id)
@@ -93,9 +95,40 @@ def erase_user(scope: Scope, user_id: str, *, batch: int = C.PRIVACY_BATCH) -> E
     for hits in pages(scope, indices, build_erase_query(user_id), source=False, batch=batch):
         for index in _delete(scope, user_id, hits):
             deleted[index] += 1
+    if touched := [index for index, count in deleted.items() if count]:
+        expunge(scope, touched)
     scope.es.indices.refresh(index=",".join(indices), ignore_unavailable=True)
     return ErasureReport(user_id, scope.prefix, deleted, revocation.key_ids if revocation else [],
                          revocation.token_ids if revocation else [])
+
+
+def shard_marks(scope: Scope, indices: list[str]) -> dict[tuple[str, str], tuple[int, int]]:
+    """(index, shard) -> (max sequence number, lowest sequence number its retention leases still keep), over
+    every copy: `GET <indices>/_stats/docs?level=shards`."""
+    stats = scope.es.indices.stats(index=",".join(indices), metric="docs", level="shards")["indices"]
+    return {(index, shard): (max(copy["seq_no"]["max_seq_no"] for copy in copies),
+                             min((lease["retaining_seq_no"] for copy in copies
+                                  for lease in copy["retention_leases"]["leases"]), default=2**63))
+            for index, body in stats.items() for shard, copies in body["shards"].items()}
+
+
+def expunge(scope: Scope, indices: list[str]) -> None:
+    """Merge the deleted documents of `indices` out of their segments, so that they count in no term statistics.
+
+    A deleted document stays in its segment (a soft delete) while a retention lease keeps its operation for
+    replicas, and the leases move up only every 30 s or so: so wait until every shard's leases are past its
+    deletes, then `_forcemerge?only_expunge_deletes=true` (every segment holding one: `index_settings`).
+    """
+    deleted_up_to = {key: seq_no for key, (seq_no, _) in shard_marks(scope, indices).items()}
+    deadline = time.monotonic() + C.ERASE_MERGE_TIMEOUT
+    while any(kept <= deleted_up_to.get(key, -1) for key, (_, kept) in shard_marks(scope, indices).items()):
+        if time.monotonic() > deadline:
+            raise AtlasError(f"the erased documents are deleted, but the cluster still keeps them for its replicas "
+                             f"after {C.ERASE_MERGE_TIMEOUT} s, so they still count in term statistics: run the "
+                             "erasure again later")
+        time.sleep(C.ERASE_MERGE_POLL)
+    scope.es.options(request_timeout=C.ERASE_MERGE_TIMEOUT).indices.forcemerge(index=",".join(indices),
+                                                                               only_expunge_deletes=True)
 
 
 def _revoke(scope: Scope, user_id: str) -> Revocation | None:
