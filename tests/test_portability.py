@@ -49,6 +49,7 @@ from atlas.models.embed import CachedEmbedder, NoisyQueries, load_embedder
 from atlas.models.rerank import load_second_stage
 from atlas.notebook.display import approx, elide_vectors
 from atlas.reporting import Table
+from atlas.research.bench import machine_info
 
 #: Standard deviation of the query noise under which the notebooks' committed outputs were checked (issue 33).
 NOISE_SCALE = 3e-4
@@ -110,9 +111,8 @@ def tolerances(model: Embedder) -> dict[str, float]:
 def processor() -> str:
     """This machine's processor, as the reference file names it: model and the flags that pick int8 kernels."""
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
     flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
-    return f"{model} ({' '.join(flag for flag in KERNEL_FLAGS if flag in flags) or 'no AVX2'})"
+    return f"{machine_info()['cpu']} ({' '.join(flag for flag in KERNEL_FLAGS if flag in flags) or 'no AVX2'})"
 
 
 @pytest.mark.parametrize("stage", MODELS)
