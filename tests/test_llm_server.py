@@ -12,11 +12,12 @@ from dataclasses import replace
 import pytest
 
 from atlas import constants as C
+from atlas.core.config import REPO_ROOT
 from atlas.core.memory import write_memory
 from atlas.models.llm import LLMError, complete, first_message, llm_client
 from atlas.models.nomic import sha256
 from atlas.ops import llm_server
-from atlas.research.llm_bench import bench_messages, bench_model, llama_speed
+from atlas.research.llm_bench import bench_messages, bench_model, llama_speed, runtime_table, speed_table
 from atlas.serve.agent import Agent
 from tests.conftest import episodes
 from tests.llm_stub import scripted_llm
@@ -105,6 +106,25 @@ def test_speeds_are_llama_cpp_own_counts():
                     'INFO:     127.0.0.1:33636 - "POST /v1/chat/completions HTTP/1.1" 200 OK'
                     for p_ms, p_n, g_ms, g_n in requests)
     assert llama_speed(log) == {"prompt_tokens_per_s": 140.0, "generation_tokens_per_s": 50.0}
+
+
+@pytest.mark.parametrize(("block", "recorded", "render"), [("llm", "llm.json", speed_table),
+                                                          ("llm-runtimes", "llm_runtimes.json", runtime_table)])
+def test_docs_quote_the_recorded_llm_benchmarks(block, recorded, render):
+    """docs/llm.md's tables are the recorded runs' (`atlas bench-llm --record`, `scripts/llm_runtimes.py --record`)."""
+    docs = (REPO_ROOT / "docs" / "llm.md").read_text()
+    quoted = docs.split(f"<!-- bench:{block} -->\n", 1)[1].split(f"<!-- /bench:{block} -->", 1)[0]
+    assert quoted.startswith(render(json.loads((REPO_ROOT / "results" / "bench" / recorded).read_text())).to_markdown())
+
+
+def test_the_runtime_comparison_says_what_docs_conclude():
+    """docs/llm.md: GPT4All cannot load the default model, and generates within a fifth of llama-cpp-python's rate
+    on the model both load."""
+    results = json.loads((REPO_ROOT / "results" / "bench" / "llm_runtimes.json").read_text())["results"]
+    assert not results[C.LOCAL_LLM_MODEL]["gpt4all"]["loads"]
+    both = [r for r in results.values() if r["gpt4all"]["loads"]]
+    assert both and all(abs(r["gpt4all"]["generation_tokens_per_s"] / r["llama-cpp-python"]["generation_tokens_per_s"]
+                            - 1) < 0.2 for r in both)
 
 
 def test_the_benchmark_measures_the_served_model(local_llm):

@@ -115,3 +115,14 @@ def speed_table(results: dict) -> Table:
                   "fact question s (median)", "reply s (median)"], rows,
                  title=f"Local models on {machine['cores']} cores of {machine['cpu']}, "
                        f"{next(iter(results['models'].values()))['questions']} messages each")
+
+
+def runtime_table(results: dict) -> Table:
+    """`scripts/llm_runtimes.py`'s comparison: each runtime on each local model, or why it cannot load the model."""
+    rows = [[name, runtime, f"{r['load_s']:.1f}", r["tokens"], f"{r['generation_tokens_per_s']:.1f}",
+             f"{r['reply_s_median']:.2f}", ""] if r["loads"] else [name, runtime, "", "", "", "", r["error"]]
+            for name, runtimes in results["results"].items() for runtime, r in runtimes.items()]
+    machine = results["machine"]
+    return Table(["model", "runtime", "load s", "tokens", "generation tok/s", "reply s (median)", "error"], rows,
+                 title=f"Runtimes on {machine['cores']} cores of {machine['cpu']}, {results['messages']} messages, "
+                       f"replies of at most {results['max_tokens']} tokens")
