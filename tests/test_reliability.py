@@ -35,8 +35,9 @@ from atlas.security.connection import connect
 from atlas.stack import open_store
 from tests.conftest import NOW
 
-# A node of its own (the scratch fixture starts it), not the `es` fixture's: marked by hand.
-pytestmark = pytest.mark.cluster
+# A node of its own (the scratch fixture starts it), not the `es` fixture's: marked by hand, and kept on one
+# pytest-xdist worker so that the node starts once.
+pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("scratch-node")]
 
 #: "Fail fast": a call to a stopped node raises within this many seconds.
 FAIL_FAST_S = 5.0

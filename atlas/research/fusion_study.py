@@ -37,7 +37,8 @@ WEIGHTS: tuple[float, ...] = tuple(round(w, 1) for w in np.arange(0.1, 1.0, 0.1)
 
 @dataclass(frozen=True)
 class Candidate:
-    """One fused candidate of a question: its key, its rank and score in each path, the second model's score."""
+    """One fused candidate of a question: its key, its rank and score in each path, the second model's score (before
+    hubness is held against it)."""
 
     key: str
     ranks: dict[str, int]
@@ -85,12 +86,13 @@ def capture(store: Store, questions: Sequence[EvalQuestion], *, window: int = C.
     `recall` widens each path to k, so asking for 2 * window keeps each path's top 2 * window; `fused` reads
     only its top `window` again, which are the same turns (kNN keeps `num_candidates`). A candidate of a
     path's top `window` that the wider fusion put below place 2 * window is lost: only the tail can differ.
+    The capture holds no hubness against the second stage's cosines (`hub_penalty=0`): `replay` does.
     """
     warm_query_vectors(store, [q.query for q in questions])
     out = []
     for q in tqdm(questions, desc="capture", unit="q", disable=not progress):
         result = recall(store.at(q.now), q.user_id, q.query, k=2 * window, mode=C.DEFAULT_RECALL_MODE,
-                        tuning=Tuning(window=window, pool=2 * window))
+                        tuning=Tuning(window=window, pool=2 * window, hub_penalty=0.0))
         out.append(Captured(q, tuple(Candidate(hit.source.get("source_key") or hit.id, hit.ranks, hit.path_scores,
                                                float(hit.second_stage_score or 0.0), hit.hubness)
                                      for hit in result.hits)))
@@ -122,11 +124,11 @@ def replay(captured: Captured, arm: Arm, weight: float, *, second_stage: bool = 
 
 
 def rows(captured: Sequence[Captured], arm: Arm, weight: float, ks: Sequence[int], *,
-         second_stage: bool = True, sessions: bool = False) -> list[dict]:
+         second_stage: bool = True, sessions: bool = False, hub_penalty: float = C.HUB_PENALTY) -> list[dict]:
     """One scored row per question, as `atlas.research.evaluate.ask` writes them (without latencies)."""
     out = []
     for cap in captured:
-        ranked = replay(cap, arm, weight, second_stage=second_stage)
+        ranked = replay(cap, arm, weight, second_stage=second_stage, hub_penalty=hub_penalty)
         row = {"qid": cap.question.qid, "user_id": cap.question.user_id, "group": cap.question.group,
                "ranked": ranked, **score(cap.question, ranked, ks)}
         if sessions and cap.question.relevant:
