@@ -110,7 +110,7 @@ def test_base_install_is_lean_and_runs_the_readme(tmp_path):
     assert refused.returncode == 1 and "pip install 'atlas-memory[serve]'" in refused.stderr, refused.stderr[-3000:]
 
     # The example as written, on a prefix of its own (tests/test_readme.py runs it on "readme" at the same time).
-    example = readme_example().replace('open_store("readme")', f'open_store("readme-{uuid.uuid4().hex[:8]}")')
+    example = readme_example("Python").replace('open_store("readme")', f'open_store("readme-{uuid.uuid4().hex[:8]}")')
     done = run(python, "-c", example, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Sarah lives in Edinburgh" in done.stdout, done.stdout
