@@ -85,8 +85,8 @@ lint: setup
 # All tests: the static checks, pytest against the real cluster (notebook 06 in JupyterLab under headless
 # Chromium among them); each notebook runs once, under papermill, and its outputs are compared with the committed
 # ones as nbval compares them (tests/test_notebooks.py); the slowest 25 tests are listed. Two pytest-xdist workers:
-# many tests wait on the cluster rather than the processor; the notebooks, the evaluations and the model's tests
-# share one of them (tests/conftest.py, ONE_WORKER).
+# many tests wait on the cluster rather than the processor; the model's tests, and each evaluation with the notebook
+# that reports it, keep to one worker each (tests/conftest.py, SHARED_WORKER).
 # Lint, the node, the model server and the browser check start side by side (once the venv is set up).
 TEST_WORKERS ?= 2
 test: setup

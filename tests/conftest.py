@@ -25,25 +25,29 @@ NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 CLUSTER_FIXTURES = frozenset({"es", "operator_es", "store", "module_store", "tstore", "runner", "local_llm"})
 
 
-#: Under `pytest -n` (`make test` runs two workers), the tests that must share one worker: every test of the local
-#: model server (its answers would otherwise depend on the other worker's requests: the server answers one at a
-#: time and reuses the previous prompt's cache) and the evaluations that read a notebook's report
-#: (`tests.test_notebooks.executed` runs a notebook once per process); tests/test_notebooks.py puts the runs of
-#: those notebooks, and of the notebooks that ask the model, in the same group.
-ONE_WORKER = "notebooks-and-model"
-ONE_WORKER_FIXTURES = frozenset({"local_llm", "persona_report", "locomo_report"})
+#: Under `pytest -n` (`make test` runs two workers), the tests that must share a worker, by the fixture that makes
+#: them: every test of the local model server (its answers would otherwise depend on the other worker's requests:
+#: the server answers one at a time and reuses the previous prompt's cache), and each evaluation that reads a
+#: notebook's report with that notebook's run (`tests.test_notebooks.executed` runs a notebook once per process).
+#: tests/test_notebooks.py puts the notebooks that ask the model, and the reporting ones, in the same groups.
+#: Three groups, not one: the model's tests, the persona evaluation and LoCoMo need not wait for each other.
+MODEL_GROUP = "model"
+SHARED_WORKER = {"local_llm": MODEL_GROUP, "persona_report": "persona-eval", "locomo_report": "locomo-eval"}
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark `cluster` every test that takes a cluster fixture (before `-m` selects), beside those marked by hand,
-    and `ONE_WORKER` every test that takes one of `ONE_WORKER_FIXTURES` (before pytest-xdist groups them)."""
+    and put in its `SHARED_WORKER` group every test that takes one of its fixtures (before pytest-xdist groups
+    them)."""
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if CLUSTER_FIXTURES & fixtures:
             item.add_marker(pytest.mark.cluster)
-        if ONE_WORKER_FIXTURES & fixtures:
-            item.add_marker(pytest.mark.xdist_group(ONE_WORKER))
+        groups = {group for fixture, group in SHARED_WORKER.items() if fixture in fixtures}
+        assert len(groups) <= 1, f"{item.nodeid} needs two workers' fixtures: {sorted(groups)}"
+        for group in groups:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")

@@ -51,7 +51,7 @@ from atlas.notebook.runner import (
     run_notebook,
     unique_prefix,
 )
-from tests.conftest import ONE_WORKER
+from tests.conftest import MODEL_GROUP, SHARED_WORKER
 
 # The tests that run a notebook take the `es` fixture, so tests/conftest.py marks them `cluster`; the others read files.
 pytestmark = pytest.mark.notebooks
@@ -346,23 +346,31 @@ def asks_the_model(path: Path) -> bool:
                for cell in nb.cells if "parameters" in tags(cell))
 
 
-#: Notebooks whose report tests/test_eval.py reads (`executed`): their runs share its worker under `pytest -n`.
-REPORTED = ("08_evaluation", "09_locomo")
+#: Notebooks whose report tests/test_eval.py reads (`executed`), and the fixture that reads it: each run shares that
+#: fixture's worker under `pytest -n`.
+REPORTED = {"08_evaluation": "persona_report", "09_locomo": "locomo_report"}
 
 
-@pytest.mark.xdist_group(ONE_WORKER)
+def worker_group(path: Path) -> str | None:
+    """The `SHARED_WORKER` group that notebook `path` runs in, if any."""
+    if path.stem in REPORTED:
+        return SHARED_WORKER[REPORTED[path.stem]]
+    return MODEL_GROUP if asks_the_model(path) else None
+
+
+@pytest.mark.xdist_group(MODEL_GROUP)
 def test_a_group_runs_on_one_worker(request):
     """Under `--dist loadgroup` pytest-xdist sends a group to one worker by suffixing its tests' node ids with the
     group's name. Without it 08 and 09 run twice (for test_eval, and here) and the model's tests interleave.
     pytest 9.2 with pytest-xdist 3.8 drops the suffix silently (pytest-xdist#1386): pyproject.toml pins pytest."""
     if not getattr(request.config.option, "loadgroup", False):
         pytest.skip("not under pytest -n --dist loadgroup")
-    assert request.node.nodeid.endswith(f"@{ONE_WORKER}"), f"{request.node.nodeid}: xdist_group not applied"
+    assert request.node.nodeid.endswith(f"@{MODEL_GROUP}"), f"{request.node.nodeid}: xdist_group not applied"
 
 
 @pytest.mark.parametrize("path", [
-    pytest.param(path, marks=[pytest.mark.xdist_group(ONE_WORKER)] if path.stem in REPORTED or asks_the_model(path)
-                 else [], id=path.stem) for path in NOTEBOOKS])
+    pytest.param(path, marks=[pytest.mark.xdist_group(group)] if (group := worker_group(path)) else [], id=path.stem)
+    for path in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path_factory, es):
     """End to end on a fresh prefix, each lesson cell twice; nothing left behind; each cell's first run shows what
     the committed notebook shows (nbval's check), and its second run what the first showed."""
