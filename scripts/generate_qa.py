@@ -25,7 +25,7 @@ from pathlib import Path
 from openai import OpenAI
 from openai.types.chat import ChatCompletion
 
-from atlas.core.config import load_settings
+from atlas.config import load_settings
 from atlas.models.llm import LLMError, complete, first_message, llm_client, not_configured_message
 from atlas.research.datasets import PERSONA_DIR, QUESTION_KINDS, read_persona_corpus
 

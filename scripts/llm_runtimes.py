@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from atlas import constants as C
-from atlas.core.config import load_settings
+from atlas.config import load_settings
 from atlas.ops import llm_server
 from atlas.research.bench import machine_info
 from atlas.research.llm_bench import bench_messages, runtime_table

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from atlas.core.config import load_settings
+from atlas.config import load_settings
 from atlas.models.embed import Nomic, OnnxEmbedder
 from atlas.models.nomic import PASSAGE_PREFIX, model_dir
 from atlas.research.datasets import read_persona_corpus

@@ -19,7 +19,7 @@ import os
 import numpy as np
 from gpt4all import Embed4All  # not a dependency of Atlas: installed apart, as the docstring says
 
-from atlas.core.config import load_settings
+from atlas.config import load_settings
 from atlas.models.embed import Nomic
 from atlas.models.nomic import MEMBER, model_dir
 from atlas.research.datasets import read_persona_corpus

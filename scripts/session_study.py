@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from atlas.core.config import REPO_ROOT
+from atlas.config import REPO_ROOT
 from atlas.research.datasets import PERSONA_NOW
 from atlas.research.evaluate import LOCOMO_KS, PERSONA_KS, prepare_locomo, prepare_persona, write_report
 from atlas.research.locomo import CATEGORY_NAMES, load_conversations

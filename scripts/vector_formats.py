@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 
 from atlas import constants as C
-from atlas.core.config import load_settings
+from atlas.config import load_settings
 from atlas.core.schemas import drop_indices
 from atlas.research.bench import index_size
 from atlas.research.datasets import PERSONA_NOW

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 from typer.testing import CliRunner
 
-from atlas.core.config import load_settings, local_llm_url
+from atlas.config import load_settings, local_llm_url
 from atlas.core.errors import ConnectionFailed
 from atlas.core.store import Store
 from atlas.security.connection import connect
@@ -25,7 +25,7 @@ NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 CLUSTER_FIXTURES = frozenset({"es", "operator_es", "store", "module_store", "tstore", "runner", "local_llm"})
 
 
-#: Under `pytest -n` (`make test` runs two workers), the tests that must share a worker, by the fixture that makes
+#: Under `pytest -n` (`make test` runs three workers), the tests that must share a worker, by the fixture that makes
 #: them: every test of the local model server (its answers would otherwise depend on the other worker's requests:
 #: the server answers one at a time and reuses the previous prompt's cache), and each evaluation that reads a
 #: notebook's report with that notebook's run (`tests.test_notebooks.executed` runs a notebook once per process).

@@ -128,7 +128,7 @@ def test_nodes_comparison_ratios_and_sizing() -> None:
 def test_the_recorded_nodes_run_is_what_scaling_quotes():
     """Issue 20: the three-node tables and the sizing in docs/scaling.md are rendered from the committed run
     (`atlas bench-nodes --record`), so each number there can be traced to it."""
-    from atlas.core.config import REPO_ROOT
+    from atlas.config import REPO_ROOT
     from atlas.research.bench import RECORDED_DIR, load_results
     from atlas.research.cluster_bench import NODES, render_scaling_markdown
 
@@ -207,7 +207,7 @@ def test_a_saved_run_is_loaded_by_plan_and_plans_are_named(tmp_path):
 def test_the_recorded_million_run_is_what_the_docs_quote():
     """Issue 19: the growth figures in docs/benchmarks.md and the README come from the committed run that notebook
     10 plots (`atlas bench --plan million --record`)."""
-    from atlas.core.config import REPO_ROOT
+    from atlas.config import REPO_ROOT
     from atlas.research.bench import MILLION, RECORDED_DIR, load_results
 
     recorded = load_results(RECORDED_DIR, plans=["million"])

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from atlas.core.config import load_settings
+from atlas.config import load_settings
 from atlas.core.documents import build_document
 from atlas.core.errors import EmbeddingError, PartialWrite, ValidationError
 from atlas.core.memory import bulk_load

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from elasticsearch import AuthenticationException, Elasticsearch
 
-from atlas.core.config import load_settings
+from atlas.config import load_settings
 from atlas.ops import capabilities as caps
 from atlas.ops.capabilities import Capability, probe, render_markdown
 

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from atlas.core.config import load_settings
+from atlas.config import load_settings
 from atlas.core.errors import ConnectionFailed
 from atlas.ops import cluster
 from atlas.ops.errors import ClusterError

@@ -201,6 +201,8 @@ def test_persona_links_both_ways():
     assert links["sarah-fact-003"]["supersedes"] == ["id-sarah-fact-002"]
     assert links["sarah-fact-002"]["superseded_by"] == "id-sarah-fact-003"
     assert links["sarah-fact-002"]["superseded_at"] == "2026-03-14T09:40:00.000Z"
+    assert links["sarah-fact-002"]["valid_to"] == "2026-03-01T00:00:00.000Z", "until its successor began to hold, " \
+        "which its text says (\"... in March 2026\"), before it was written"
     assert links["sarah-fact-003"]["supporting_episode_ids"] == ["id-sarah-ep-033"]
     assert sum("superseded_by" in link for link in links.values()) == 14
 

@@ -18,6 +18,7 @@ import sys
 import textwrap
 
 import pytest
+from elasticsearch import Elasticsearch
 from langgraph.store.base import (
     BaseStore,
     GetOp,
@@ -32,6 +33,7 @@ from langgraph.store.memory import InMemoryStore
 from langmem import create_manage_memory_tool, create_search_memory_tool
 
 from atlas import constants as C
+from atlas.core.documents import build_document, embed_documents, neighbour_hubness
 from atlas.core.errors import AuthError, ValidationError
 from atlas.core.schemas import index_name
 from atlas.core.store import Store
@@ -274,6 +276,36 @@ def test_an_overwrite_supersedes_and_keeps_the_audit_chain(store):
     assert lg.get(("sarah", "home"), "city") is None
     # A namespace is listed while it holds an item (InMemoryStore keeps listing it after its last delete).
     assert lg.list_namespaces(prefix=("sarah",)) == []
+
+
+def test_a_batch_of_puts_is_one_bulk_and_its_overwrite_a_supersession(store, monkeypatch):
+    """Issue 38: a batch's new keys go in one `_bulk`, their hubness read in one `_msearch`; an overwrite supersedes
+    as a single put does. Each new item's hubness is the one a put alone would give it."""
+    lg = AtlasStore(store)
+    lg.put(("sarah", "home"), "city", {"content": "Sarah lives in Leeds"})
+    lg.put(("sarah", "home"), "street", {"content": "Sarah's street is lined with lime trees"})
+    sent: list[str] = []
+    real = Elasticsearch.perform_request
+
+    def counted(self, method, path, **kwargs):
+        sent.append(path.split("?")[0].rsplit("/", 1)[-1])
+        return real(self, method, path, **kwargs)
+
+    new = {"dog": "Sarah's dog is called Biscuit", "coffee": "Sarah drinks her coffee black",
+           "bike": "Sarah cycles to work on a red bike"}
+    before = [build_document("sarah", text, "semantic", store.now()) for text in new.values()]
+    embed_documents(store, before)
+    expected = dict(zip(new, neighbour_hubness(store, before), strict=True))
+    assert None not in expected.values()
+    monkeypatch.setattr(Elasticsearch, "perform_request", counted)
+    lg.batch([PutOp(("sarah", "home"), key, {"content": text}) for key, text in new.items()]
+             + [PutOp(("sarah", "home"), "city", {"content": "Sarah lives in Edinburgh"})])
+    monkeypatch.undo()
+    assert sent.count("_bulk") == 1 and sent.count("_doc") == 1, f"the new keys, the overwrite's new version: {sent}"
+    assert [lg.get(("sarah", "home"), key).value["content"] for key in new] == list(new.values())
+    assert [v["text"] for v in versions(store, "city") if not v.get("superseded_by")] == ["Sarah lives in Edinburgh"]
+    assert {key: versions(store, key)[0]["hubness"] for key in new} == expected, \
+        "among Sarah's memories before the batch, as a put alone gives it (not among the batch, as a load does)"
 
 
 def test_reads_and_deletes_go_on_past_a_full_page(store, monkeypatch):

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from atlas import constants as C
-from atlas.core.config import REPO_ROOT
+from atlas.config import REPO_ROOT
 from atlas.core.memory import write_memory
 from atlas.models.llm import LLMError, complete, first_message, llm_client
 from atlas.models.nomic import sha256

@@ -201,3 +201,28 @@ def test_recall_as_of_through_the_tool(served):
     assert [m["id"] for m in now.structured_content["memories"]] == [edinburgh]
     assert vague.is_error and "as_of" in vague.content[0].text
     assert future.is_error and "after the store's clock" in future.content[0].text
+
+
+def test_valid_time_through_the_tools(served):
+    """Issue 38: write_memory takes a fact's valid_from/valid_to; a recall whose question names a period returns the
+    superseded fact that held then, with its valid time; a valid time on an episode is refused."""
+    store, keys, server = served
+    leeds = write_memory(store.at(NOW - timedelta(days=900)), "sarah", "Sarah lives in Leeds", "semantic")
+
+    async def flow():
+        async with open_client(server.url("sarah"), keys["sarah"]) as session:
+            moved = await session.call_tool("write_memory", {
+                "text": "Sarah lives in York", "memory_type": "semantic", "supersedes_id": leeds,
+                "valid_from": "2025-06-01"})
+            asked = await session.call_tool("recall_memory", {"query": "where did I live in 2024?",
+                                                              "types": ["semantic"]})
+            episode = await session.call_tool("write_memory", {"text": "hello", "memory_type": "episodic",
+                                                               "valid_to": "2025-06-01"})
+            return moved, asked, episode
+
+    moved, asked, episode = run(flow)
+    york = moved.structured_content["id"]
+    [first, *rest] = asked.structured_content["memories"]
+    assert first["id"] == leeds and first["superseded_by"] == york and first["valid_to"].startswith("2025-06-01")
+    assert [m["id"] for m in rest] == [york] and rest[0]["valid_from"].startswith("2025-06-01")
+    assert episode.is_error and "only a fact has a valid time" in episode.content[0].text

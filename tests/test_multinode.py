@@ -18,7 +18,7 @@ import nbformat
 import pytest
 from elasticsearch import Elasticsearch
 
-from atlas.core.config import Settings, load_settings
+from atlas.config import Settings, load_settings
 from atlas.core.documents import build_document
 from atlas.core.errors import ConflictError
 from atlas.core.memory import bulk_load, forget_memory, write_episode, write_memory

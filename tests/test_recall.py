@@ -98,7 +98,8 @@ def test_the_priors_sit_in_the_bm25_path_only(store):
     _, knn = build_recall_requests(store, "sarah", "hub", mode="hybrid", types=("episodic",),
                                    include_superseded=False, now=NOW, params=store.params, window=80,
                                    query_vector=[0.0] * store.embedder.dims, period=june)
-    assert [f["weight"] for f in knn["body"]["query"]["function_score"]["functions"]] == [store.params.period_boost]
+    assert [f["weight"] for f in knn["body"]["query"]["function_score"]["functions"]] == [
+        store.params.period_boost, 1 / store.params.period_boost], "episodes said then up, facts begun after down"
     assert "gauss" not in str(knn["body"])
     query = "how do I reset the Lumio hub with its button"
     dense = recall(store, "sarah", query, k=1, mode="dense")

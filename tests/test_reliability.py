@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from atlas.core.config import Settings, load_settings
+from atlas.config import Settings, load_settings
 from atlas.core.errors import ConflictError, ConnectionFailed
 from atlas.core.memory import forget_memory, write_episode, write_memory
 from atlas.core.recall import recall, record_recall

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from atlas import constants as C
 from atlas.cli import app
-from atlas.core.config import load_settings
+from atlas.config import load_settings
 from atlas.core.errors import ConnectionFailed, ValidationError
 from atlas.core.memory import write_memory
 from atlas.core.recall import recall

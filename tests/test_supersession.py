@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -238,3 +238,59 @@ def test_recall_as_of_a_date_walks_the_chain(store):
         recall(store, "sarah", question, as_of=NOW + timedelta(seconds=1))
     with pytest.raises(ValidationError, match="as_of must be a datetime"):
         recall(store, "sarah", question, as_of="2025-01-01")
+
+
+def test_valid_time_answers_where_she_lived_then(store):
+    """Issue 38: a fact's valid time comes from the writer, or from a date its text names, and its successor ends it;
+    a question that names a period is answered from the chain, the facts that held then first."""
+    leeds = write_memory(store.at(datetime(2023, 6, 1, tzinfo=UTC)), "sarah", "Sarah lives in Leeds", "semantic")
+    bristol = write_memory(store.at(datetime(2025, 5, 10, tzinfo=UTC)), "sarah",
+                           "Sarah moved to Bristol in March 2025", "semantic", supersedes_id=leeds)
+    edinburgh = write_memory(store.at(datetime(2026, 9, 1, tzinfo=UTC)), "sarah", "Sarah lives in Edinburgh",
+                             "semantic", supersedes_id=bristol, valid_from=datetime(2026, 8, 15))
+    held = {name: (_get(store, i).get("valid_from"), _get(store, i).get("valid_to"))
+            for name, i in (("leeds", leeds), ("bristol", bristol), ("edinburgh", edinburgh))}
+    assert held == {"leeds": (None, "2025-03-01T00:00:00.000Z"),  # from when it was written; its successor's start
+                    "bristol": ("2025-03-01T00:00:00.000Z", "2026-08-15T00:00:00.000Z"),  # "in March 2025"
+                    "edinburgh": ("2026-08-15T00:00:00.000Z", None)}
+    names = {leeds: "leeds", bristol: "bristol", edinburgh: "edinburgh"}
+
+    def facts(question):
+        return [names[i] for i in recall(store, "sarah", question, types=["semantic"]).ids()]
+
+    assert facts("where did Sarah live in 2024?") == ["leeds", "edinburgh"], "held then first; the current one stays"
+    assert facts("where did Sarah live in the summer of 2025?")[0] == "bristol"
+    assert "leeds" not in facts("where did Sarah live in the summer of 2025?"), "it had ended by then"
+    assert facts("where did Sarah live in 2022?") == ["edinburgh"], "nothing Atlas knows held in 2022"
+    assert facts("where does Sarah live?") == ["edinburgh"]
+    forget_memory(store, "sarah", edinburgh)
+    assert _get(store, bristol).get("valid_to") is None, "the head forgotten, the fact before it holds again"
+    with pytest.raises(ValidationError, match="after the store's clock"):
+        write_memory(store, "sarah", "Sarah lives in Oslo", valid_from=NOW + timedelta(days=1))
+    with pytest.raises(ValidationError, match="is not after valid_from"):
+        write_memory(store, "sarah", "Sarah lives in Oslo", valid_from=NOW, valid_to=NOW)
+    with pytest.raises(ValidationError, match="give valid_from too"):
+        write_memory(store, "sarah", "Sarah lived in Oslo", valid_to=NOW - timedelta(days=1))
+    with pytest.raises(ValidationError, match="only a fact has a valid time"):
+        write_memory(store, "sarah", "Sarah said hello", "episodic", valid_from=NOW)
+
+
+def test_a_rolled_back_supersession_leaves_the_valid_time_as_it_was(store, monkeypatch):
+    """A supersession of two facts that loses its race on the second unmarks the first, whose valid time it had
+    ended (`_undo`)."""
+    first = write_memory(store, "sarah", "Sarah's bike is red", "semantic")
+    second = write_memory(store, "sarah", "Sarah's bike has a basket", "semantic")
+    real_mark = supersession._mark
+    raced: list[str] = []
+
+    def racing(store_, old, new_id, new):
+        if old.id == second and not raced:
+            raced.append("racing")
+            raced.append(write_memory(store, "sarah", "Sarah's bike has no basket", supersedes_id=second))
+        return real_mark(store_, old, new_id, new)
+
+    monkeypatch.setattr(supersession, "_mark", racing)
+    with pytest.raises(ConflictError, match="changed while superseding"):
+        write_memory(store, "sarah", "Sarah's bike is blue and has no basket", supersedes_id=[first, second])
+    source = _get(store, first)
+    assert raced and source.get("superseded_by") is None and source.get("valid_to") is None

@@ -26,7 +26,7 @@ from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from atlas import constants as C
-from atlas.core.config import Settings, load_settings
+from atlas.config import Settings, load_settings
 from atlas.core.passages import SENTENCE_END
 from atlas.models.llm import LLMError, bullets, complete, json_format, llm_client, not_configured_message
 from atlas.models.questions import (

@@ -19,8 +19,8 @@ from elasticsearch import ConflictError as ESConflict
 from elasticsearch import Elasticsearch, NotFoundError
 
 from atlas import constants as C
-from atlas.core.clock import es_date
-from atlas.core.errors import ConflictError, NotFound
+from atlas.core.clock import as_utc, es_date, mentioned_period
+from atlas.core.errors import AtlasError, ConflictError, NotFound
 from atlas.core.passages import passage_sentences, passage_text
 from atlas.core.schemas import MODEL_FIELDS, archive_name, build_sole_owner_filter, index_name
 from atlas.core.scoring import smoothed_success_rate
@@ -65,7 +65,11 @@ class Owned:
 
 
 def build_document(user_id: str | None, text: str, memory_type: C.MemoryType, now: datetime, **fields: object) -> dict:
-    """The stored form of a memory, without vectors. `None` fields are left out."""
+    """The stored form of a memory, without vectors. `None` fields are left out.
+
+    A fact whose text names a period that has begun by `now` ("since March 2025", "in 2024") gets that period's
+    start as its `valid_from`, unless `fields` give one.
+    """
     stamp = es_date(now)
     doc: dict = {"text": text, "memory_type": memory_type, "created_at": stamp, "confidence": 1.0}
     if user_id is not None:
@@ -74,10 +78,17 @@ def build_document(user_id: str | None, text: str, memory_type: C.MemoryType, no
         doc["timestamp"] = stamp
     if memory_type == "semantic":
         doc.update(last_used_at=stamp, use_count=0)
+        if (named := mentioned_period(text, now)) is not None and named[0] <= as_utc(now):
+            doc["valid_from"] = es_date(named[0])
     if memory_type == "procedural":
         doc.update(success_count=0, failure_count=0, success_rate=smoothed_success_rate(0, 0))
     doc.update({k: (es_date(v) if isinstance(v, datetime) else v) for k, v in fields.items() if v is not None})
     return doc
+
+
+def valid_start(source: Mapping) -> str:
+    """From when a fact held: its `valid_from` where known, else when it was written."""
+    return source.get("valid_from") or source["created_at"]
 
 
 def target_index(prefix: str, doc: Mapping) -> str:
@@ -123,34 +134,65 @@ def build_neighbours_body(user_id: str, vector: Sequence[float], *, size: int = 
                     "num_candidates": max(size, C.KNN_NUM_CANDIDATES), "filter": [owned]}}
 
 
-def neighbour_hubness(store: Store, doc: Mapping) -> float | None:
-    """A new memory's `hubness` (`atlas.core.hubness`) among its owner's memories as they stand when it is written:
-    the mean second-model cosine of its HUB_NEIGHBOURS most similar ones, looked for among the HUB_CANDIDATES
-    nearest by the first model. None for an owner's first memory (unknown, not 0)."""
-    user_id = doc["user_id"]
-    found = store.es.search(index=",".join(index_name(store.prefix, t) for t in C.USER_MEMORY_TYPES),
-                            routing=user_id, ignore_unavailable=True,
-                            **build_neighbours_body(user_id, doc["embedding"]))["hits"]["hits"]
-    vectors = np.asarray([hit["_source"]["rerank_embedding"] for hit in found
-                          if "rerank_embedding" in hit["_source"]], dtype=np.float32)
-    if not len(vectors):
-        return None
-    own = np.asarray(doc["rerank_embedding"], dtype=np.float32)
-    cosines = vectors @ own / np.maximum(np.linalg.norm(vectors, axis=1) * np.linalg.norm(own), 1e-12)
-    return round(float(np.sort(cosines)[-C.HUB_NEIGHBOURS:].mean()), 5)
+def neighbour_hubness(store: Store, docs: Sequence[Mapping]) -> list[float | None]:
+    """New memories' `hubness` (`atlas.core.hubness`), each among its owner's memories as they stand when it is
+    written (not among the others of `docs`), in one `_msearch`: the mean second-model cosine of its HUB_NEIGHBOURS
+    most similar ones, looked for among the HUB_CANDIDATES nearest by the first model. None for an owner's first
+    memory (unknown, not 0)."""
+    if not docs:
+        return []
+    indices = ",".join(index_name(store.prefix, t) for t in C.USER_MEMORY_TYPES)
+    searches = [part for doc in docs for part in ({"index": indices, "routing": doc["user_id"],
+                                                   "ignore_unavailable": True},
+                                                  build_neighbours_body(doc["user_id"], doc["embedding"]))]
+    values: list[float | None] = []
+    for doc, response in zip(docs, store.es.msearch(searches=searches)["responses"], strict=True):
+        if "error" in response:
+            raise AtlasError(f"the neighbours of a new memory could not be read: {response['error']}")
+        vectors = np.asarray([hit["_source"]["rerank_embedding"] for hit in response["hits"]["hits"]
+                              if "rerank_embedding" in hit["_source"]], dtype=np.float32)
+        if not len(vectors):
+            values.append(None)
+            continue
+        own = np.asarray(doc["rerank_embedding"], dtype=np.float32)
+        cosines = vectors @ own / np.maximum(np.linalg.norm(vectors, axis=1) * np.linalg.norm(own), 1e-12)
+        values.append(round(float(np.sort(cosines)[-C.HUB_NEIGHBOURS:].mean()), 5))
+    return values
+
+
+def _prepare(store: Store, docs: Sequence[dict]) -> None:
+    """Before indexing: check each owner and make their read key, embed, and (with an embedding second stage) give
+    each current memory its hubness among its owner's memories (`neighbour_hubness`)."""
+    provision_users(store, [check_owner(doc) for doc in docs])
+    embed_documents(store, docs)
+    owned = [doc for doc in docs if doc.get("user_id") and "rerank_embedding" in doc and not doc.get("superseded_by")]
+    for doc, value in zip(owned, neighbour_hubness(store, owned), strict=True):
+        doc["hubness"] = value  # null for the first: an export carries it as it is
 
 
 def index_document(store: Store, doc: dict, *, refresh: str | None = None) -> str:
-    """Index one document with its vectors (its owner checked, and the owner's read key made, first) and, with an
-    embedding second stage, a current memory's hubness among its owner's memories (`neighbour_hubness`); returns
-    its id."""
-    provision_users(store, [check_owner(doc)])
-    embed_documents(store, [doc])
-    if doc.get("user_id") and "rerank_embedding" in doc and not doc.get("superseded_by"):
-        doc["hubness"] = neighbour_hubness(store, doc)  # null for the first: an export carries it as it is
+    """Index one document with its vectors and hubness (`_prepare`); returns its id."""
+    _prepare(store, [doc])
     resp = store.es.index(index=index_name(store.prefix, doc["memory_type"]), document=doc,
                           routing=routing_of(doc), refresh=refresh or store.refresh)
     return resp["_id"]
+
+
+def index_documents(store: Store, docs: Sequence[dict], *, refresh: str | None = None) -> list[str]:
+    """Index new documents in one `_bulk`, embedded in one batch, each with its hubness among its owner's memories
+    as they stood before (`_prepare`); returns their ids in order. A refused document raises `AtlasError` naming
+    it, the others written."""
+    if not docs:
+        return []
+    _prepare(store, docs)
+    operations = [line for doc in docs for line in (
+        {"index": {"_index": index_name(store.prefix, doc["memory_type"]), "routing": routing_of(doc)}}, doc)]
+    items = [item["index"] for item in store.es.bulk(operations=operations, refresh=refresh or store.refresh)["items"]]
+    if refused := [(i, item["error"]) for i, item in enumerate(items) if item.get("error")]:
+        position, error = refused[0]
+        raise AtlasError(f"{len(refused)} of {len(docs)} documents were refused (first: document {position}, "
+                         f"{error.get('type')}: {error.get('reason')}); the others were written")
+    return [item["_id"] for item in items]
 
 
 def prove_ownership(store: Store, user_id: str, doc_id: str, *,

@@ -12,8 +12,8 @@ Every write path gives a memory its hubness. A single write (`write_episode`, `w
 tools) computes it from the owner's memories as they stand (`documents.neighbour_hubness`); a load computes it
 for its documents among themselves before it indexes them (`attach_hubness`, called by `bulk_load`; an import keeps
 the exported one). A memory's neighbours change as its owner writes more, so consolidation recomputes all of an
-owner's at once (`refresh_hubness`). A memory without one (an owner's first, or written with no embedding second
-stage) counts as the pool's average.
+owner's at once (`refresh_hubness`). A memory without one (an owner's first, one a load holds alone, or one written
+with no embedding second stage) counts as the pool's average.
 """
 
 from __future__ import annotations
@@ -47,9 +47,12 @@ def hubness(vectors: np.ndarray, *, neighbours: int = C.HUB_NEIGHBOURS) -> np.nd
     return out
 
 
-def stored(values: np.ndarray) -> list[float]:
-    """Hubness as it is written to a document: five decimals, whether a load or consolidation writes it."""
-    return [round(float(value), 5) for value in values]
+def stored(vectors: np.ndarray) -> list[float | None]:
+    """The hubness of each of one owner's memories as it is written: five decimals, whether a load or consolidation
+    writes it; None (unknown, not 0) for a memory alone, which `hubness` would score as having no neighbour."""
+    if len(vectors) < 2:
+        return [None] * len(vectors)
+    return [round(float(value), 5) for value in hubness(vectors)]
 
 
 def has_hubness(store: Store) -> bool:
@@ -68,7 +71,7 @@ def attach_hubness(store: Store, docs: list[dict]) -> None:
         if not doc.get("superseded_by") and not doc.get("archived_from"):
             owners.setdefault(doc.get("user_id"), []).append(doc)
     for group in owners.values():
-        values = stored(hubness(np.asarray([doc["rerank_embedding"] for doc in group], dtype=np.float32)))
+        values = stored(np.asarray([doc["rerank_embedding"] for doc in group], dtype=np.float32))
         for doc, value in zip(group, values, strict=True):
             doc.setdefault("hubness", value)
 
@@ -95,7 +98,7 @@ def refresh_hubness(store: Store, user_id: str | None) -> int:
             if "rerank_embedding" in hit["_source"]]
     if not hits:
         return 0
-    values = stored(hubness(np.asarray([hit["_source"]["rerank_embedding"] for hit in hits], dtype=np.float32)))
+    values = stored(np.asarray([hit["_source"]["rerank_embedding"] for hit in hits], dtype=np.float32))
     updates = [{"_op_type": "update", "_index": hit["_index"], "_id": hit["_id"], "routing": hit.get("_routing"),
                 "doc": {"hubness": value}} for hit, value in zip(hits, values, strict=True)]
     written, failed = helpers.bulk(store.es, updates, refresh=True, raise_on_error=False)  # recall searches for it

@@ -46,6 +46,7 @@ from atlas.core.validation import (
     check_text,
     check_type,
     check_user,
+    check_valid_time,
     check_when,
 )
 
@@ -63,6 +64,8 @@ class MemoryFields(TypedDict, total=False):
     steps: list[str] | None
     context: str | list[str] | None
     supporting_episode_ids: list[str] | None
+    valid_from: datetime | None
+    valid_to: datetime | None
 
 
 def write_episode(store: Store, user_id: str, text: str, *, session_id: str | None = None,
@@ -91,10 +94,13 @@ def write_memory(store: Store, user_id: str, text: str, memory_type: C.MemoryTyp
                  fact_type: C.FactType | None = None, confidence: float = 1.0,
                  supporting_episode_ids: Sequence[str] = (), session_id: str | None = None,
                  name: str | None = None, trigger: str | None = None, steps: Sequence[str] | None = None,
-                 context: str | Sequence[str] | None = None) -> str:
+                 context: str | Sequence[str] | None = None, valid_from: datetime | None = None,
+                 valid_to: datetime | None = None) -> str:
     """Write a fact, playbook or episode; with `supersedes_id`, retire the fact(s) it makes false.
 
-    `context` (episodes only) is what the episode replies to, as in `write_episode`.
+    `context` (episodes only) is what the episode replies to, as in `write_episode`. `valid_from` and `valid_to`
+    (facts only) say when the fact held, where the writer knows: without `valid_from`, the start of a period the
+    text names, else the write time (`build_document`); without `valid_to`, until a fact supersedes it.
     """
     check_user(user_id)
     check_text(text)
@@ -116,9 +122,11 @@ def write_memory(store: Store, user_id: str, text: str, memory_type: C.MemoryTyp
     supporting_episode_ids = check_ids(supporting_episode_ids, what="supporting_episode_ids")
     if memory_type == "procedural" and not steps:
         raise ValidationError("a procedural memory needs its ordered `steps`")
+    check_valid_time(memory_type, valid_from, valid_to, now=store.now())
     fields: MemoryFields = {"fact_type": fact_type, "confidence": float(confidence), "session_id": session_id,
-                            "name": name, "trigger": trigger, "steps": list(steps) if steps else None,
-                            "context": context, "supporting_episode_ids": list(supporting_episode_ids) or None}
+                            "valid_from": valid_from, "valid_to": valid_to, "name": name, "trigger": trigger,
+                            "steps": list(steps) if steps else None, "context": context,
+                            "supporting_episode_ids": list(supporting_episode_ids) or None}
     for episode in supporting_episode_ids:
         prove_ownership(store, user_id, episode, types=("episodic",))
     if supersedes_id is not None:

@@ -31,7 +31,7 @@ from atlas.core.errors import AtlasError, ValidationError
 from atlas.core.fusion import rank_pool, rrf_fuse
 from atlas.core.memory import record_use
 from atlas.core.schemas import archive_name, build_owner_filter, searchable
-from atlas.core.scoring import ScoringParams, build_scored_query, period_functions
+from atlas.core.scoring import ScoringParams, build_scored_query, build_valid_clause, period_functions
 from atlas.core.store import Store
 from atlas.core.validation import (
     check_choice,
@@ -108,10 +108,11 @@ class RecallResult:
 
 
 def build_filters(prefix: str, user_id: str, *, code_filter: bool = True, include_superseded: bool = False,
-                  session_id: str | None = None, as_of: datetime | None = None) -> dict:
+                  session_id: str | None = None, as_of: datetime | None = None, period: Period | None = None) -> dict:
     """The user's own documents plus the shared catalog (the code-side twin of the DLS query); with `session_id`,
     only that session's; with `as_of`, only what was written by then and, unless `include_superseded`, not yet
-    superseded then."""
+    superseded then. A superseded fact that held during `period` (the one the query names) is let through: "where
+    did I live in 2024?" is answered from the chain."""
     clauses: dict = {"filter": [], "must_not": []}
     if code_filter:
         clauses["filter"].append(build_owner_filter(prefix, user_id))
@@ -120,8 +121,10 @@ def build_filters(prefix: str, user_id: str, *, code_filter: bool = True, includ
     if as_of is not None:
         clauses["filter"].append({"range": {"created_at": {"lte": es_date(as_of)}}})
     if not include_superseded:  # superseded at all, or by `as_of` (a fact retired later was current then)
-        clauses["must_not"].append({"range": {"superseded_at": {"lte": es_date(as_of)}}} if as_of is not None
-                                   else {"exists": {"field": "superseded_by"}})
+        retired = ({"range": {"superseded_at": {"lte": es_date(as_of)}}} if as_of is not None
+                   else {"exists": {"field": "superseded_by"}})
+        clauses["must_not"].append(retired if period is None else
+                                   {"bool": {"filter": [retired], "must_not": [build_valid_clause(period)]}})
     return {"bool": clauses}
 
 
@@ -182,11 +185,11 @@ def build_recall_requests(store: Store, user_id: str, query: str, *, mode: C.Rec
     documents live, `documents.routing_of`); without, every shard is asked (the benchmark's comparison).
     `session_id` restricts every path to that session. `second_stage_fields` returns each hit's stored
     `rerank_embedding` too (the embedding second stage reads it; `hubness` is always in `_source`). `as_of` keeps
-    what was held then (`build_filters`), the archive included."""
-    header = {"index": recall_indices(store, types, include_superseded or as_of is not None),
+    what was held then (`build_filters`); it, `include_superseded` and a `period` read the archive too."""
+    header = {"index": recall_indices(store, types, include_superseded or as_of is not None or period is not None),
               **({"routing": user_id} if routed else {}), "ignore_unavailable": True}
     filters = build_filters(store.prefix, user_id, code_filter=store.code_filter, include_superseded=include_superseded,
-                            session_id=session_id, as_of=as_of)
+                            session_id=session_id, as_of=as_of, period=period)
     source = ({"exclude_vectors": False, "excludes": [f for f in VECTOR_FIELDS if f != "rerank_embedding"]}
               if second_stage_fields else {"excludes": list(VECTOR_FIELDS)})
     requests = []
@@ -249,7 +252,8 @@ def settle_supersessions(store: Store, user_id: str, hits: list[Hit]) -> list[Hi
     Supersession indexes the new fact before it marks the old ones, so a refresh in between shows
     both as current, and a writer that loses a race shows its new fact until it removes it. The old
     facts say which successor won: a new fact counts once they point to it, and until then they stay
-    current. Costs one search by id, only when a hit has retired something.
+    current. Costs one search by id, only when a hit has retired something. A hit marked superseded already was
+    let through on purpose (it held during the period the query names) and stays.
     """
     targets = sorted({old for hit in hits for old in hit.source.get("supersedes") or ()})
     if not targets:
@@ -257,7 +261,7 @@ def settle_supersessions(store: Store, user_id: str, hits: list[Hit]) -> list[Hi
     found = store.read_client(user_id).search(index=store.indices, routing=user_id, query={"ids": {"values": targets}},
                                               size=len(targets), source_includes=["superseded_by"])
     pointer = {hit["_id"]: hit["_source"].get("superseded_by") for hit in found["hits"]["hits"]}
-    return [hit for hit in hits if pointer.get(hit.id) is None
+    return [hit for hit in hits if (hit.superseded_by is not None or pointer.get(hit.id) is None)
             and all(pointer.get(old, hit.id) == hit.id for old in hit.source.get("supersedes") or ())]
 
 

@@ -36,7 +36,7 @@ from atlas.core.errors import SchemaMismatch, ValidationError
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
 
 #: Bumped when a mapping changes; stored in `_meta` so a mismatch names both versions.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 KEYWORD = {"type": "keyword"}
 DATE = {"type": "date"}
@@ -113,6 +113,9 @@ def common_mappings(dims: int, rerank_dims: int | None, *, vector_index: VectorI
         "confidence": {"type": "float"},
         "superseded_by": KEYWORD,
         "superseded_at": DATE,
+        # A fact's valid time, where known (`documents.valid_start`): from when it held, and until when.
+        "valid_from": DATE,
+        "valid_to": DATE,
         "supersedes": KEYWORD,
         "contradiction": KEYWORD,
         "supporting_episode_ids": KEYWORD,

@@ -96,20 +96,42 @@ def _of_type(memory_type: str) -> dict:
     return {"term": {"memory_type": memory_type}}
 
 
+def build_valid_clause(period: Period) -> dict:
+    """The facts that held at some moment of `period`: valid from before its end (`valid_from`, else when written)
+    and not until its start (`valid_to`; a fact superseded without one got its successor's start)."""
+    start, end = es_date(period[0]), es_date(period[1])
+    return {"bool": {"filter": [_of_type("semantic"), _began("lt", end)],
+                     "must_not": [{"range": {"valid_to": {"lte": start}}}]}}
+
+
+def _began(relation: str, moment: str) -> dict:
+    """The facts that began to hold `relation` ("lt", "gte") `moment`: by `valid_from`, else by when written."""
+    return {"bool": {"minimum_should_match": 1, "should": [
+        {"range": {"valid_from": {relation: moment}}},
+        {"bool": {"must_not": [{"exists": {"field": "valid_from"}}],
+                  "filter": [{"range": {"created_at": {relation: moment}}}]}}]}}
+
+
 def period_functions(period: Period | None, *, params: ScoringParams = DEFAULT_PARAMS) -> list[dict]:
-    """The function that multiplies the episodes said within `period` by `period_boost` (none without one)."""
+    """The functions of a `period` the question names (none without one): the episodes said within it multiplied by
+    `period_boost`, the facts that began to hold only after it divided by it.
+
+    Lifting the facts that held then instead lost temporal questions whose answers are episodes (docs/evaluation.md,
+    "Valid time"); holding back the facts that did not hold then still puts a fact of the period before today's."""
     if period is None or params.period_boost == 1:
         return []
-    start, end = period
-    return [{"filter": {"range": {"timestamp": {"gte": es_date(start), "lt": es_date(end)}}},
-             "weight": params.period_boost}]
+    start, end = es_date(period[0]), es_date(period[1])
+    began_after = {"bool": {"filter": [_of_type("semantic"), _began("gte", end)]}}
+    return [{"filter": {"range": {"timestamp": {"gte": start, "lt": end}}}, "weight": params.period_boost},
+            {"filter": began_after, "weight": 1 / params.period_boost}]
 
 
 def build_scored_query(query: dict, now: datetime, *, params: ScoringParams = DEFAULT_PARAMS,
                        period: Period | None = None) -> dict:
     """Wrap a retrieval query in the multipliers (recall wraps its BM25 path; see `atlas.core.recall.build_knn_body`).
 
-    `period` (from `atlas.core.clock.mentioned_period`) multiplies episodes said within it by `period_boost`.
+    `period` (from `atlas.core.clock.mentioned_period`) lifts the episodes said within it and holds back the facts
+    that began to hold after it (`period_functions`).
     """
     origin = es_date(now)
     gauss = {"origin": origin, "offset": params.decay_offset, "scale": params.decay_scale,

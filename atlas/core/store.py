@@ -17,8 +17,8 @@ import numpy as np
 from elasticsearch import Elasticsearch
 
 from atlas import constants as C
+from atlas.config import Settings, load_settings
 from atlas.core.clock import utcnow
-from atlas.core.config import Settings, load_settings
 from atlas.core.schemas import all_indices, drop_indices
 from atlas.core.scoring import DEFAULT_PARAMS, ScoringParams
 

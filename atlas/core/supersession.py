@@ -30,6 +30,7 @@ from atlas.core.documents import (
     prove_ownership,
     routing_of,
     update_owned,
+    valid_start,
 )
 from atlas.core.errors import AlreadySuperseded, ConflictError, NotFound, ValidationError
 from atlas.core.schemas import archive_name, build_sole_owner_filter, index_name
@@ -58,8 +59,16 @@ def chain_head(store: Store, user_id: str, doc_id: str) -> str:
     return current.id
 
 
-def _mark(store: Store, old: Owned, new_id: str, stamp: str) -> None:
-    """Mark one old document superseded, only if nobody superseded it since we read it.
+def ended(old: dict, new: dict) -> dict:
+    """The valid time a fact's successor gives it: it held until the successor started to (never before it
+    started itself), unless its own `valid_to` says otherwise."""
+    if old.get("memory_type") != "semantic" or old.get("valid_to"):
+        return {}
+    return {"valid_to": max(valid_start(old), valid_start(new))}
+
+
+def _mark(store: Store, old: Owned, new_id: str, new: dict) -> None:
+    """Mark one old document superseded by `new` (its source), only if nobody superseded it since we read it.
 
     A concurrent recall bumping its use count changes its seq_no too; that is no conflict, so the
     mark is retried on the fresh copy (`update_owned`). Without this, a fact recalled often could
@@ -68,7 +77,7 @@ def _mark(store: Store, old: Owned, new_id: str, stamp: str) -> None:
     def mark(source: dict) -> dict:
         if source.get("superseded_by"):
             raise ConflictError(f"memory {old.id} was superseded by {source['superseded_by']} meanwhile")
-        return {"superseded_by": new_id, "superseded_at": stamp}
+        return {"superseded_by": new_id, "superseded_at": new["created_at"], **ended(source, new)}
 
     update_owned(store, old.source.get("user_id", ""), old, mark, refresh=store.refresh)
 
@@ -99,7 +108,7 @@ def supersede(store: Store, user_id: str, old_ids: Sequence[str], text: str, mem
     marked: list[Owned] = []
     try:
         for old in olds:
-            _mark(store, old, new_id, es_date(now))
+            _mark(store, old, new_id, doc)
             marked.append(old)
     except (ConflictError, NotFound):
         _undo(store, user_id, new_id, memory_type, marked)
@@ -128,10 +137,11 @@ def _settled(store: Store, user_id: str, doc: Owned) -> bool:
 
 
 def _undo(store: Store, user_id: str, new_id: str, memory_type: C.MemoryType, marked: Sequence[Owned]) -> None:
-    """Roll back a half-done supersession: unmark what we marked, delete the new document."""
+    """Roll back a half-done supersession: unmark what we marked (its valid time as it was), delete the new
+    document."""
     for old in marked:
         store.es.update(index=old.index, id=old.id, routing=old.routing,
-                        doc={"superseded_by": None, "superseded_at": None})
+                        doc={"superseded_by": None, "superseded_at": None, "valid_to": old.source.get("valid_to")})
     store.es.delete(index=index_name(store.prefix, memory_type), id=new_id, routing=user_id, refresh=store.refresh)
 
 
@@ -164,7 +174,7 @@ def repair(store: Store, user_id: str | None = None) -> RepairReport:
                 continue
             holder = old.source.get("superseded_by")
             if holder is None:
-                _mark(store, old, new_id, source["created_at"])
+                _mark(store, old, new_id, source)
                 report.completed.append((old_id, new_id))
             elif holder != new_id:
                 store.es.delete(index=hit["_index"], id=new_id, routing=routing_of(source), refresh=store.refresh)
@@ -204,9 +214,10 @@ def _find(store: Store, doc_id: str) -> Owned | None:
 def splice(store: Store, user_id: str, gone: Owned) -> None:
     """Take a forgotten document out of its chain, as if it had never been written.
 
-    Its predecessors now point to its successor, or become current again when it was the chain's head;
-    its successor supersedes its predecessors instead of it. Neighbours already gone are skipped, and a
-    second call changes nothing, so a forget that failed half-way can be retried.
+    Its predecessors now point to its successor, or become current again when it was the chain's head (and hold
+    again from then on, when it had ended their valid time); its successor supersedes its predecessors instead of
+    it. Neighbours already gone are skipped, and a second call changes nothing, so a forget that failed half-way
+    can be retried.
     """
     successor = gone.source.get("superseded_by")
     predecessors = list(gone.source.get("supersedes") or ())
@@ -214,7 +225,11 @@ def splice(store: Store, user_id: str, gone: Owned) -> None:
     def repoint(source: dict) -> dict:
         if source.get("superseded_by") != gone.id:  # relinked by a concurrent writer meanwhile
             return {}
-        return {"superseded_by": successor, "superseded_at": source.get("superseded_at") if successor else None}
+        if successor:
+            return {"superseded_by": successor}
+        ended_by_gone = ended({**source, "valid_to": None}, gone.source).get("valid_to")
+        reopened = {"valid_to": None} if ended_by_gone and source.get("valid_to") == ended_by_gone else {}
+        return {"superseded_by": None, "superseded_at": None, **reopened}
 
     def relink(source: dict) -> dict:
         before = list(source.get("supersedes") or ())

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from atlas import constants as C
+from atlas.core.clock import as_utc, es_date
 from atlas.core.errors import ValidationError
 
 USER_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -166,3 +167,21 @@ def check_when(value: object, what: str) -> datetime:
     if not isinstance(value, datetime):
         raise ValidationError(f"{what} must be a datetime, not {value!r}")
     return value
+
+
+def check_valid_time(memory_type: C.MemoryType, valid_from: datetime | None, valid_to: datetime | None, *,
+                     now: datetime) -> None:
+    """A valid time is a fact's, starts by `now` and ends after it starts (after `now` without a start: a fact
+    written now holds from now unless its text names an earlier start, which this check does not read)."""
+    if valid_from is None and valid_to is None:
+        return
+    if memory_type != "semantic":
+        raise ValidationError(f"only a fact has a valid time (valid_from, valid_to), not a {memory_type} memory")
+    start = as_utc(check_when(valid_from, "valid_from")) if valid_from is not None else None
+    end = as_utc(check_when(valid_to, "valid_to")) if valid_to is not None else None
+    if start is not None and start > as_utc(now):
+        raise ValidationError(f"valid_from {es_date(start)} is after the store's clock ({es_date(now)}): "
+                              "write a fact when it holds")
+    if end is not None and end <= (start or as_utc(now)):
+        raise ValidationError(f"valid_to {es_date(end)} is not after "
+                              + (f"valid_from {es_date(start)}" if start else "now: give valid_from too"))

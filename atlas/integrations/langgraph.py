@@ -40,8 +40,9 @@ How a LangGraph item maps onto Atlas:
   suffix conditions ("*" matches any label), max_depth, offset and limit, in sorted order.
 - **Batches** run their reads first and their writes after, as LangGraph's InMemoryStore does, and the last put of a
   key wins. Per user, the gets, the searches without a query and the look-ups of the writes are one `_msearch`;
-  each search with a query is one recall; the deletes of a batch are one `_bulk`. Puts are written one by one:
-  embedding, hubness and supersession are per memory. Every op is checked before anything is read or written.
+  each search with a query is one recall; the deletes of a batch are one `_bulk`, and so are its puts of new keys
+  (embedded in one batch; each one's hubness among the user's memories as they stood before the batch, in one
+  `_msearch`). An overwrite is a supersession of its own. Every op is checked before anything is read or written.
 - **Not supported**: TTL (Atlas decays memories instead of expiring them) and an index configuration, the store's
   or a put's (Atlas embeds with its own models): both raise `Unsupported`, which says what to do instead.
 """
@@ -59,7 +60,7 @@ from elasticsearch import Elasticsearch
 
 from atlas import constants as C
 from atlas.core.clock import parse_date
-from atlas.core.documents import build_document, index_document
+from atlas.core.documents import build_document, index_documents
 from atlas.core.errors import AtlasError, AuthError, NotFound, ValidationError
 from atlas.core.recall import recall
 from atlas.core.schemas import archive_name, build_sole_owner_filter, index_name
@@ -535,7 +536,8 @@ class AtlasStore(BaseStore):
     # --- writes ------------------------------------------------------------------------------------------
 
     def _write(self, writes: list[Write], versions: dict[tuple[tuple[str, ...], str], list[dict]]) -> None:
-        """The deletes in one `_bulk` (then any key with more versions than one page held), then the puts."""
+        """The deletes in one `_bulk` (then any key with more versions than one page held), then the puts of new keys
+        in one `_bulk`, then the overwrites, one supersession each."""
         deletes = [w for w in writes if w.memory is None]
         self._delete([(w.user_id, hit) for w in deletes for hit in versions[(w.namespace, w.key)]])
         for write in deletes:
@@ -543,9 +545,14 @@ class AtlasStore(BaseStore):
             while len(page) == C.LIST_PAGE_SIZE:
                 page = self._msearch(write.user_id, [self._versions_request(write)])[0]
                 self._delete([(write.user_id, hit) for hit in page])
-        for write in writes:
-            if write.memory is not None:
-                self._put(write.user_id, write.memory, [hit["_id"] for hit in versions[(write.namespace, write.key)]])
+        puts = [(write, write.memory) for write in writes if write.memory is not None]
+        now = self.store.now()
+        index_documents(self.store, [build_document(write.user_id, memory.text, memory.memory_type, now,
+                                                    **memory.fields)
+                                     for write, memory in puts if not versions[(write.namespace, write.key)]])
+        for write, memory in puts:
+            if current := [hit["_id"] for hit in versions[(write.namespace, write.key)]]:
+                supersede(self.store, write.user_id, current, memory.text, memory.memory_type, **memory.fields)
 
     def _delete(self, hits: list[tuple[str, dict]]) -> None:
         """Hard-delete (user, hit) pairs read through that user's client: the read proved the user owns them."""
@@ -557,11 +564,3 @@ class AtlasStore(BaseStore):
         if failed:
             raise AtlasError(f"{len(failed)} of {len(items)} deletes failed (first: {failed[0].get('error')}); "
                              "the rest are gone: delete those items again")
-
-    def _put(self, user_id: str, memory: Memory, current: list[str]) -> None:
-        """A new memory for the item, superseding its current version(s) if it has any."""
-        if current:
-            supersede(self.store, user_id, current, memory.text, memory.memory_type, **memory.fields)
-        else:
-            index_document(self.store, build_document(user_id, memory.text, memory.memory_type, self.store.now(),
-                                                      **memory.fields))

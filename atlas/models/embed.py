@@ -25,8 +25,8 @@ from urllib.parse import parse_qsl
 import numpy as np
 from tqdm.auto import tqdm
 
+from atlas.config import load_settings
 from atlas.constants import EMBED_MAX_TOKENS, NOMIC_BATCH
-from atlas.core.config import load_settings
 from atlas.core.errors import EmbeddingError
 from atlas.core.store import Embedder
 from atlas.models import nomic

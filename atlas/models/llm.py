@@ -17,7 +17,7 @@ from openai import OpenAI
 from openai.types.chat import ChatCompletion, ChatCompletionMessage, ChatCompletionMessageParam
 
 from atlas import constants as C
-from atlas.core.config import Settings
+from atlas.config import Settings
 from atlas.core.errors import AtlasError
 
 

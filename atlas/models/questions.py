@@ -19,7 +19,7 @@ from openai import OpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
 from atlas import constants as C
-from atlas.core.config import Settings
+from atlas.config import Settings
 from atlas.models.llm import LLMError, complete, first_message, json_format
 
 #: Facts one message may give at most.

@@ -22,6 +22,7 @@ from elasticsearch import Elasticsearch
 
 from atlas import constants as C
 from atlas.core.clock import parse_date
+from atlas.core.documents import valid_start
 from atlas.core.recall import RecallResult, Tuning, recall, to_kibana
 from atlas.core.scoring import DECAY_FIELD, DEFAULT_PARAMS, ScoringParams, multiplier, recency, use_boost
 from atlas.core.store import Store
@@ -226,7 +227,8 @@ def compact_json(value: object, *, width: int = 100, indent: int = 2) -> str:
 
 def chain_table(history: Sequence[dict], *, labels: Mapping[str, str] | None = None,
                 width: int = TEXT_WIDTH) -> Table:
-    """`atlas.core.supersession.history(...)` as a table, oldest first: what retired what, and where it lives now."""
+    """`atlas.core.supersession.history(...)` as a table, oldest first: what retired what, when a fact held (its
+    valid time: `documents.valid_start` until `valid_to`, or "now"), and where it lives now."""
     rows = []
     for step, doc in enumerate(history, start=1):
         if doc.get("archived_from"):
@@ -241,7 +243,10 @@ def chain_table(history: Sequence[dict], *, labels: Mapping[str, str] | None = N
             "supersedes": ", ".join(short_id(i, labels) for i in doc.get("supersedes") or []),
             "contradiction": doc.get("contradiction"), "confidence": doc.get("confidence"),
             "superseded_by": short_id(doc.get("superseded_by"), labels),
-            "superseded_at": str(doc.get("superseded_at") or "")[:10], "status": where,
+            "superseded_at": str(doc.get("superseded_at") or "")[:10],
+            "held": (f"{valid_start(doc)[:10]} to {str(doc.get('valid_to') or 'now')[:10]}"
+                     if doc.get("memory_type") == "semantic" else ""),
+            "status": where,
         })
     return table(rows, numeric={"step", "confidence"})
 

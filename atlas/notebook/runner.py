@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from atlas.core.config import Settings, load_settings
+from atlas.config import Settings, load_settings
 
 #: `NN_name.ipynb`: two digits, an underscore, a name.
 NOTEBOOK_NAME = re.compile(r"^(\d{2})_[A-Za-z0-9_-]+\.ipynb$")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import urllib3
 
-from atlas.core.config import Settings, load_settings
+from atlas.config import Settings, load_settings
 from atlas.ops.errors import ClusterError
 from atlas.ops.es_plugin import install_analysis_plugin
 from atlas.ops.service import ensure_service_principal

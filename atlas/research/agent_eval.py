@@ -29,7 +29,7 @@ import openai
 from elasticsearch import helpers
 from tqdm.auto import tqdm
 
-from atlas.core.config import Settings
+from atlas.config import Settings
 from atlas.core.memory import write_memory
 from atlas.core.store import Store
 from atlas.models.llm import LLMError, llm_client, not_configured_message

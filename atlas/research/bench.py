@@ -36,8 +36,8 @@ from elasticsearch import Elasticsearch, helpers
 from tqdm.auto import tqdm
 
 from atlas import constants as C
+from atlas.config import REPO_ROOT, Settings, load_settings
 from atlas.core.clock import es_date
-from atlas.core.config import REPO_ROOT, Settings, load_settings
 from atlas.core.documents import build_document, routing_of
 from atlas.core.errors import ValidationError
 from atlas.core.memory import bulk_load, write_episode

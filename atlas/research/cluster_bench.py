@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from atlas import constants as C
+from atlas.config import Settings, load_settings
 from atlas.core.clock import es_date
-from atlas.core.config import Settings, load_settings
 from atlas.models.embed import load_embedder
 from atlas.reporting import Table, table
 from atlas.research.bench import (

@@ -21,14 +21,15 @@ from typing import Literal, get_args
 from elasticsearch import helpers
 from tqdm.auto import tqdm
 
+from atlas.config import REPO_ROOT
 from atlas.core.clock import es_date
-from atlas.core.config import REPO_ROOT
 from atlas.core.documents import build_document
 from atlas.core.errors import AtlasError
 from atlas.core.memory import bulk_load, parse_when
 from atlas.core.passages import context_before
 from atlas.core.scoring import smoothed_success_rate
 from atlas.core.store import Store
+from atlas.core.supersession import ended
 from atlas.core.validation import check_choice
 from atlas.research.locomo import Conversation, turn_memories
 
@@ -133,8 +134,10 @@ def persona_links(corpus: Sequence[Mapping], ids: Mapping[str, str]) -> dict[str
     """key -> partial document: supersession both ways and supporting episodes, as ids.
 
     An old fact is retired at the moment the fact that replaces it took its wording
-    (`superseded_at` = the new fact's `created_at`), as `supersede()` would have done.
+    (`superseded_at` = the new fact's `created_at`) and held until the new one began to (`supersession.ended`),
+    as `supersede()` would have done.
     """
+    documents = {doc["source_key"]: doc for doc in persona_documents(corpus)}
     links: dict[str, dict] = {}
     for raw in corpus:
         olds = raw.get("supersedes_keys") or []
@@ -142,7 +145,8 @@ def persona_links(corpus: Sequence[Mapping], ids: Mapping[str, str]) -> dict[str
             links.setdefault(raw["key"], {})["supersedes"] = [ids[k] for k in olds]
             stamp = es_date(parse_when(raw["created_at"]))
             for old in olds:
-                links.setdefault(old, {}).update(superseded_by=ids[raw["key"]], superseded_at=stamp)
+                links.setdefault(old, {}).update(superseded_by=ids[raw["key"]], superseded_at=stamp,
+                                                 **ended(documents[old], documents[raw["key"]]))
         if episodes := raw.get("supporting_episode_keys"):
             links.setdefault(raw["key"], {})["supporting_episode_ids"] = [ids[k] for k in episodes]
     return links

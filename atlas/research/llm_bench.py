@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from atlas.core.config import Settings, load_settings, local_llm_url
+from atlas.config import Settings, load_settings, local_llm_url
 from atlas.core.recall import RecallResult
 from atlas.models.llm import LLMError, llm_client
 from atlas.models.questions import Model, extract_facts

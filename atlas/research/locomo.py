@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from atlas.core.config import REPO_ROOT
+from atlas.config import REPO_ROOT
 from atlas.core.passages import context_before
 
 PATH_ENV_VAR = "ATLAS_LOCOMO_PATH"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from atlas import constants as C
-from atlas.core.config import REPO_ROOT
+from atlas.config import REPO_ROOT
 from atlas.reporting import Table, table, truncate
 from atlas.research.evaluate import MISSED_METRICS, REFERENCE_DESIGN, SESSION_METRICS
 from atlas.research.locomo import ADVERSARIAL, CATEGORY_NAMES, MAIN_CATEGORIES, PAPER_REFERENCE, SESSION_REFERENCES
@@ -423,7 +423,7 @@ def reproduce(spec: RunSpec, *, prefix: str | None = None, path: Path | None = N
 
     The prefix is kept, so a rerun skips indexing; `fresh` drops it first.
     """
-    from atlas.core.config import load_settings
+    from atlas.config import load_settings
     from atlas.core.schemas import drop_indices
     from atlas.research.datasets import PERSONA_DIR, PERSONA_NOW
     from atlas.research.evaluate import evaluate_locomo, evaluate_persona, mode_figure, report_figure, write_report

@@ -13,7 +13,7 @@ import elasticsearch
 from elastic_transport import ApiResponse
 from elasticsearch import Elasticsearch
 
-from atlas.core.config import Settings, load_settings
+from atlas.config import Settings, load_settings
 from atlas.core.errors import ConnectionFailed
 from atlas.security.secrets import read_secret
 

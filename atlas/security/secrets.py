@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from atlas.core.config import Settings
+from atlas.config import Settings
 
 USERS_FILE = "users.json"
 TOKENS_FILE = "tokens.json"

@@ -25,8 +25,8 @@ from typing import Any, Protocol
 from elasticsearch import AuthenticationException, AuthorizationException, Elasticsearch, NotFoundError
 
 from atlas import constants as C
+from atlas.config import Settings, load_settings
 from atlas.core.clock import es_date, parse_date, utcnow
-from atlas.core.config import Settings, load_settings
 from atlas.core.errors import AuthError, NotFound, ValidationError
 from atlas.core.schemas import all_indices, build_owner_filter, check_prefix
 from atlas.core.store import Store

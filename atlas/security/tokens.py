@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
 from atlas import constants as C
+from atlas.config import Settings
 from atlas.core.clock import es_date, utcnow
-from atlas.core.config import Settings
 from atlas.core.errors import AuthError, NotFound
 from atlas.core.validation import check_user
 from atlas.security.secrets import read_secret, tokens_path, update_secret

@@ -30,7 +30,7 @@ from openai.types.chat import (
 )
 
 from atlas import constants as C
-from atlas.core.config import Settings
+from atlas.config import Settings
 from atlas.core.memory import write_episode
 from atlas.core.passages import context_before
 from atlas.core.recall import RecallResult, pre_recall, record_recall

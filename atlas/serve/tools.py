@@ -47,8 +47,9 @@ class RecallArgs(ToolArgs):
     include_superseded: bool = Field(False, description="Also return facts that newer facts retired (for "
                                                         "\"what did I say before?\"); they carry superseded_by.")
     as_of: datetime | None = Field(None, description="What the memory held at this past moment (ISO 8601, UTC "
-                                                     "unless it names a zone), for \"where did I live in 2024?\": "
-                                                     "memories written by then, facts not yet superseded then.")
+                                                     "unless it names a zone), for \"what did you know about me "
+                                                     "in May?\": memories written by then, facts not yet superseded "
+                                                     "then.")
 
 
 class WriteArgs(ToolArgs):
@@ -68,6 +69,10 @@ class WriteArgs(ToolArgs):
     context: str | None = Field(None, min_length=1, description="For an episode: the message it answers (your "
                                                                 "previous reply), so a bare \"yes, that one\" can "
                                                                 "be found later.")
+    valid_from: datetime | None = Field(None, description="For a fact: since when it holds, if the user said so "
+                                                          "(ISO 8601). Left out: a date its text names, else now.")
+    valid_to: datetime | None = Field(None, description="For a fact: when it stopped holding, if the user said so "
+                                                        "(ISO 8601). A fact it supersedes ends when it begins.")
 
 
 class ForgetArgs(ToolArgs):
@@ -89,7 +94,7 @@ def parse_args(model: type[ToolArgs], arguments: object) -> ToolArgs:
 #: Fields of a hit worth showing a model, per memory type (besides id, type, text, score, when).
 PAYLOAD_FIELDS: dict[str, tuple[str, ...]] = {
     "episodic": ("session_id", "context"),
-    "semantic": ("fact_type", "confidence", "supersedes", "contradiction"),
+    "semantic": ("fact_type", "confidence", "supersedes", "contradiction", "valid_from", "valid_to"),
     "procedural": ("name", "trigger", "steps", "refined_steps", "success_rate", "success_count", "failure_count"),
     "catalog": ("title", "category"),
 }
@@ -162,7 +167,8 @@ Memory types:
 {bullets(C.MEMORY_TYPE_MEANINGS)}
 Use it before answering anything that depends on the user's home, devices, people, preferences or past
 problems, and before writing a fact, to find the current facts the new one may make false.
-Superseded facts are hidden unless include_superseded is true; as_of asks what was held at a past moment."""
+Superseded facts are hidden unless include_superseded is true, or they held during a period the query names
+("where did I live in 2024?"); as_of asks what was held at a past moment."""
 
 WRITE_DESCRIPTION = f"""Store a memory for the user.
 Write a semantic fact when the user states something durable about themselves, their home, devices, people,

@@ -15,7 +15,7 @@ from atlas import constants as C
 from atlas.constants import DEFAULT_EMBEDDER, DEFAULT_INDEX_PREFIX, DEFAULT_RERANKER, SERVICE_PRINCIPAL
 
 #: The checkout the package runs from (an editable install): its data/, results/ and es-plugin/.
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _find_home() -> Path:
