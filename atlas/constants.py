@@ -215,6 +215,11 @@ SERVICE_INDEX_PRIVILEGES = ("create_index", "manage", "read", "write")
 #: non-system index, for a cluster that holds Atlas alone. On a shared cluster name the prefixes.
 SERVICE_INDEX_PATTERNS = ("*",)
 
+#: What a user's DLS key may do: search and multi-search (a count is a search), not all of `read`, whose
+#: `_termvectors` prints a word's document frequency over every tenant's documents of the shard, and whose `_get`
+#: and `_explain` Atlas never needs.
+USER_KEY_PRIVILEGES = ("indices:data/read/search*", "indices:data/read/msearch*")
+
 # --- bearer tokens (atlas.security.tokens) ------------------------------------------------
 #: Every Atlas token starts with this, so a leaked one is recognisable (secret scanners, logs).
 TOKEN_PREFIX = "atl_"

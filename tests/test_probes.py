@@ -8,7 +8,7 @@ what stops it.
 
 Two tenants calling MCP tools at the same moment, many times over, is probed by
 tests/test_tokens.py::test_concurrent_tenants_stay_apart (not repeated here). The known DLS limit on
-term statistics (`_termvectors`) is recorded in tests/test_tokens.py too.
+term statistics (`_termvectors`, refused to the key; BM25's IDF in its scores) is recorded in tests/test_tokens.py.
 
 One store, written once for the module: alice and bob each own memories (bob's carry the marker
 "zanzibar"), the catalog holds one ownerless item; keys, tokens and secrets live in a temporary folder
@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 import httpx
 import pytest
 from elasticsearch import ApiError, Elasticsearch
-from elasticsearch import NotFoundError as ESNotFound
 
 from atlas import constants as C
 from atlas.core.documents import build_document
@@ -120,25 +119,25 @@ def test_wildcards_and_system_indices_show_nothing_of_bob(world):
     assert w.alice.count(index="*")["count"] == len(w.alice_ids) + 1
 
 
-# --- 2. get, _mget, _explain of bob's id ---------------------------------------------------------------
+# --- 2. get, _mget, _explain ----------------------------------------------------------------------------
 
 
-def test_get_mget_explain_of_bobs_id_are_not_found(world):
+def test_get_mget_explain_of_bobs_id_are_refused(world):
+    """A user's key may only search (`C.USER_KEY_PRIVILEGES`): get, _mget and _explain are refused outright, even of
+    alice's own id (DLS made them answer "not found" for bob's, when the key had all of `read`)."""
     w = world
     semantic = index_name(w.store.prefix, "semantic")
     assert w.store.es.get(index=semantic, id=w.bob_semantic)["found"], "the probe can see bob"
-    with pytest.raises(ESNotFound):
-        w.alice.get(index=semantic, id=w.bob_semantic)
-    with pytest.raises(ESNotFound):
-        w.alice.get_source(index=semantic, id=w.bob_semantic)
-    docs = w.alice.mget(docs=[{"_index": index_name(w.store.prefix, t), "_id": i} for t, i in w.bob_ids.items()]
-                        + [{"_index": w.other_index, "_id": "x"}])["docs"]
-    assert all(not d.get("found") for d in docs) and MARKER not in str(docs), docs
-    try:
-        explained = w.alice.explain(index=semantic, id=w.bob_semantic, query={"match_all": {}})
-        assert not explained["matched"] and "_source" not in str(explained.get("get", {})), explained
-    except ApiError as exc:
-        assert exc.meta.status in (403, 404)
+    alices = next(iter(w.alice_ids))
+    for probe in (lambda: w.alice.get(index=semantic, id=w.bob_semantic),
+                  lambda: w.alice.get_source(index=semantic, id=w.bob_semantic),
+                  lambda: w.alice.get(index=semantic, id=alices),
+                  lambda: w.alice.mget(docs=[{"_index": index_name(w.store.prefix, t), "_id": i}
+                                             for t, i in w.bob_ids.items()] + [{"_index": w.other_index, "_id": "x"}]),
+                  lambda: w.alice.explain(index=semantic, id=w.bob_semantic, query={"match_all": {}})):
+        with pytest.raises(ApiError) as refused:
+            probe()
+        assert refused.value.meta.status == 403 and MARKER not in str(refused.value)
     assert w.store.es.explain(index=semantic, id=w.bob_semantic, query={"match_all": {}})["matched"]
 
 
@@ -209,18 +208,23 @@ def pit_all(client: Elasticsearch, index: str) -> list[dict]:
     return hits
 
 
-def test_scroll_and_point_in_time_page_only_alices_documents(world):
+def test_a_key_pages_neither_by_scroll_nor_by_point_in_time(world):
+    """A search may open a scroll, whose first page holds only alice's documents; its next page, and a point in time,
+    are refused to a key that may only search (bob's scroll id alike)."""
     w = world
     assert "bob" in seen(scroll_all(w.store.es, w.store.indices)), "the probe can see bob"
     assert "bob" in seen(pit_all(w.store.es, w.store.indices))
-    for hits in (scroll_all(w.alice, w.store.indices), pit_all(w.alice, w.store.indices)):
-        assert_alice_only(w, hits)
-        assert {h["_id"] for h in hits} == w.alice_ids | {w.catalog_id}
-    bobs = w.store.read_client("bob").search(index=w.store.indices, query={"match_all": {}}, size=1, scroll="1m")
-    with pytest.raises(ApiError) as refused:  # a scroll belongs to whoever opened it
-        w.alice.scroll(scroll_id=bobs["_scroll_id"], scroll="1m")
-    assert refused.value.meta.status in (403, 404) and MARKER not in str(refused.value)
-    w.store.read_client("bob").options(ignore_status=404).clear_scroll(scroll_id=bobs["_scroll_id"])
+    first = w.alice.search(index=w.store.indices, query={"match_all": {}}, size=100, scroll="1m")
+    assert_alice_only(w, first["hits"]["hits"])
+    assert {h["_id"] for h in first["hits"]["hits"]} == w.alice_ids | {w.catalog_id}
+    bobs = w.store.es.search(index=w.store.indices, query={"match_all": {}}, size=1, scroll="1m")
+    for probe in (lambda: w.alice.scroll(scroll_id=first["_scroll_id"], scroll="1m"),
+                  lambda: w.alice.scroll(scroll_id=bobs["_scroll_id"], scroll="1m"),
+                  lambda: w.alice.open_point_in_time(index=w.store.indices, keep_alive="1m")):
+        with pytest.raises(ApiError) as refused:
+            probe()
+        assert refused.value.meta.status == 403 and MARKER not in str(refused.value)
+    w.store.es.clear_scroll(scroll_id=bobs["_scroll_id"])
 
 
 # --- 5. top-level kNN -----------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ from dataclasses import replace
 
 import pytest
 from elasticsearch import AuthorizationException
-from elasticsearch import NotFoundError as ESNotFound
 
 from atlas import constants as C
 from atlas.cli import app
@@ -81,7 +80,7 @@ def test_role_descriptor_is_read_only_dls_on_the_prefix():
     [grant] = descriptor["indices"]
     assert grant["names"] == all_indices("acme") and "acme-archive" in grant["names"]
     assert not any("*" in name for name in grant["names"])
-    assert grant["privileges"] == ["read"]
+    assert grant["privileges"] == ["indices:data/read/search*", "indices:data/read/msearch*"]
     assert grant["query"] == {"bool": {"should": [
         {"bool": {"filter": [{"term": {"user_id": "alice"}}],
                   "must_not": [{"range": {"user_id": {"lt": "alice"}}}, {"range": {"user_id": {"gt": "alice"}}}]}},
@@ -223,10 +222,10 @@ def test_other_users_documents_cannot_be_read_or_changed(tstore, pair):
     assert service_doc(tstore, procedural, pair["bob_playbook"]) == before["bob_playbook"]
     assert tstore.es.count(index=",".join(all_indices(tstore.prefix)),
                            query={"term": {"user_id": "alice"}})["count"] == 1
-    # DLS alone: alice's key neither finds nor gets bob's document, and writes nothing.
+    # DLS alone: alice's key does not find bob's document, may not get any (it only searches), and writes nothing.
     alice = tstore.read_client("alice")
     assert alice.search(index=semantic, query={"ids": {"values": [pair["bob_dog"]]}})["hits"]["hits"] == []
-    with pytest.raises(ESNotFound):
+    with pytest.raises(AuthorizationException):
         alice.get(index=semantic, id=pair["bob_dog"])
     for write in (lambda: alice.index(index=semantic, document={"text": "x", "user_id": "alice"}),
                   lambda: alice.update(index=semantic, id=pair["alice_dog"], doc={"text": "y"}),

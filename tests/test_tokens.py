@@ -20,7 +20,7 @@ from functools import partial
 import anyio
 import httpx
 import pytest
-from elasticsearch import AuthenticationException
+from elasticsearch import AuthenticationException, AuthorizationException
 
 from atlas import constants as C
 from atlas.cli import app
@@ -99,16 +99,28 @@ def semantic_docs(store: Store, user_id: str) -> list[dict]:
 # --- 1. a tenant never holds an Elasticsearch credential ------------------------------------------------
 
 
-def test_a_dls_key_leaks_term_statistics_so_tenants_get_tokens(tstore):
-    """Why: through alice's own DLS key, `_termvectors` counts bob's documents. A token is useless to the cluster."""
+def documents_counted(explanation: dict) -> int:
+    """The `n` of BM25's IDF in a hit's `_explanation`: the documents of the shard that contain the term."""
+    if explanation["description"].startswith("n, number of documents containing term"):
+        return int(explanation["value"])
+    return max((documents_counted(detail) for detail in explanation.get("details", [])), default=0)
+
+
+def test_a_dls_key_may_not_read_term_statistics_yet_its_scores_count_other_tenants(tstore):
+    """Issue 36, item 6: through alice's own DLS key, `_termvectors` printed how many of bob's documents hold a word
+    (doc_freq 3); the key may now only search, and is refused. Its scores still count bob's documents (BM25's IDF),
+    so the key stays on the server and tenants get tokens. A token is useless to the cluster."""
     for i in range(3):
         write_memory(tstore, "bob", f"Bob's secret project zanzibar, note {i}", fact_type="person")
-    write_memory(tstore, "alice", "My dog is called Biscuit", fact_type="person")
+    write_memory(tstore, "alice", "My dog Biscuit has a zanzibar-blue collar", fact_type="person")
     alice_key = tenancy.user_client(tstore.es, "alice", tenancy.stored_key(tstore.settings, tstore.prefix,
                                                                            "alice").encoded)
-    vectors = alice_key.termvectors(index=index_name(tstore.prefix, "semantic"), doc={"text": "zanzibar"},
-                                    fields=["text"], term_statistics=True)["term_vectors"]["text"]
-    assert vectors["terms"]["zanzibar"]["doc_freq"] == 3, "DLS hides bob's documents, not their term statistics"
+    semantic = index_name(tstore.prefix, "semantic")
+    with pytest.raises(AuthorizationException, match="indices:data/read/tv"):
+        alice_key.termvectors(index=semantic, doc={"text": "zanzibar"}, fields=["text"], term_statistics=True)
+    found = alice_key.search(index=semantic, query={"match": {"text": "zanzibar"}}, explain=True)["hits"]["hits"]
+    assert len(found) == 1, "DLS hides bob's documents"
+    assert documents_counted(found[0]["_explanation"]) == 4, "not their term statistics: the score counts them"
     issued = tokens.create_user(tstore, "carol")
     assert issued.secret.startswith(C.TOKEN_PREFIX) and issued.secret not in repr(issued)
     with pytest.raises(AuthenticationException):  # Elasticsearch itself refuses an Atlas token

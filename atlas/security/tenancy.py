@@ -85,10 +85,12 @@ def key_name(prefix: str, user_id: str) -> str:
 
 
 def build_role_descriptor(prefix: str, user_id: str) -> dict:
-    """`read` on the prefix's exact index names (memory + archive), nothing else, through the DLS query."""
+    """Search (`C.USER_KEY_PRIVILEGES`) on the prefix's exact index names (memory + archive), nothing else, through
+    the DLS query."""
     return {f"{key_name(prefix, user_id)}-read": {
         "cluster": [],
-        "indices": [{"names": all_indices(prefix), "privileges": ["read"], "query": build_dls_query(prefix, user_id),
+        "indices": [{"names": all_indices(prefix), "privileges": list(C.USER_KEY_PRIVILEGES),
+                     "query": build_dls_query(prefix, user_id),
                      "allow_restricted_indices": False}],
     }}
 
