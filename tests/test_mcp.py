@@ -27,12 +27,12 @@ from tests.conftest import NOW
 
 @pytest.fixture
 def keyed(store: Store, tmp_path, monkeypatch) -> Iterator[tuple[Store, dict[str, str]]]:
-    """The isolated store with keys and tokens for sarah and tom in tmp_path; the keys are invalidated afterwards."""
+    """The isolated store with keys and tokens for sarah and tom in tmp_path; the store fixture's drop invalidates
+    the keys (`forget_prefix`)."""
     monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
     store.settings = replace(store.settings, home=tmp_path)
     made = {user: create_user(store, user) for user in ("sarah", "tom")}
     yield store, {user: issued.secret for user, issued in made.items()}
-    store.es.security.invalidate_api_key(ids=[issued.key.id for issued in made.values() if issued.key], owner=True)
 
 
 @pytest.fixture
