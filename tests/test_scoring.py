@@ -76,10 +76,17 @@ def test_sweepable_params_change_the_decay(store):
 
 
 def test_period_boost_matches_the_formula(store):
+    """Episodes said in the named period are lifted, facts that began to hold only after it held back (the Python
+    twin and the Elasticsearch functions agree)."""
     june, july = NOW - timedelta(days=150), NOW - timedelta(days=120)
     bulk_load(store, [build_document("u", "camping trip", "episodic", NOW, timestamp=when, source_key=key)
-                      for key, when in (("june", june), ("july", july))], progress=False)
+                      for key, when in (("june", june), ("july", july))]
+              + [build_document("u", "a tent", "semantic", NOW, valid_from=when, source_key=f"fact-{key}")
+                 for key, when in (("june", june), ("july", july))], progress=False)
     measured = _measured(store, period=(june - timedelta(days=1), june + timedelta(days=1)))
     assert measured["june"] == pytest.approx(multiplier("episodic", age_days=150, in_period=True), abs=1e-3)
     assert measured["july"] == pytest.approx(multiplier("episodic", age_days=120), abs=1e-3)
     assert measured["june"] == pytest.approx(2 * measured["july"], abs=1e-3)
+    assert measured["fact-june"] == pytest.approx(multiplier("semantic"), abs=1e-3)
+    assert measured["fact-july"] == pytest.approx(multiplier("semantic", began_after_period=True), abs=1e-3)
+    assert measured["fact-july"] == pytest.approx(measured["fact-june"] / 2, abs=1e-3)

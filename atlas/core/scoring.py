@@ -76,12 +76,15 @@ def smoothed_success_rate(successes: int, failures: int, *, a: float = C.PROCEDU
 
 
 def multiplier(memory_type: str, *, age_days: float = 0.0, use_count: int = 0, success_rate: float = 0.5,
-               in_period: bool = False, params: ScoringParams = DEFAULT_PARAMS) -> float:
-    """The factor a document's relevance score is multiplied by (`in_period`: said in the period the query names)."""
+               in_period: bool = False, began_after_period: bool = False,
+               params: ScoringParams = DEFAULT_PARAMS) -> float:
+    """The factor a document's relevance score is multiplied by (`in_period`: an episode said in the period the
+    query names; `began_after_period`: a fact that began to hold only after it; `period_functions`)."""
     if memory_type == "episodic":
         return recency(age_days, params=params) * (params.period_boost if in_period else 1.0)
     if memory_type == "semantic":
-        return recency(age_days, params=params) * use_boost(use_count, params=params)
+        held_back = 1 / params.period_boost if began_after_period else 1.0
+        return recency(age_days, params=params) * use_boost(use_count, params=params) * held_back
     if memory_type == "catalog":
         return params.catalog_source_prior
     if memory_type == "procedural":
