@@ -106,11 +106,6 @@ HUB_CANDIDATES = 100
 #: episode follows).
 EXACT_BOOST = 0.3
 CONTEXT_BOOST = 0.4
-#: BM25's length normalisation (Lucene's `b`, 0.75 by default) in every memory index. Off: in a
-#: conversation a turn's length is how much it says, not padding; LoCoMo's evidence turns have 35
-#: words (median) against 20 for the others, and normalising by length favoured short replies that share
-#: a word with the question over them (docs/evaluation.md, "BM25 without length normalisation").
-BM25_B = 0.0
 #: An episode's `context` as the loaders and the agent build it: the messages before it in its session,
 #: oldest first, at most this many (for an agent: the user's previous message and its own last reply).
 #: BM25 searches them all; only the last, the one the turn replies to, is embedded with the text: with

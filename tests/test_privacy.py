@@ -161,20 +161,3 @@ def test_cli_export_import_erase(tstore, memory, runner, tmp_path):
     erased = runner.invoke(app, ["users", "erase", "alice", "--prefix", tstore.prefix, "--yes"])
     assert erased.exit_code == 0 and "6 document(s)" in erased.output and "1 token(s) revoked" in erased.output
     assert owned(tstore, "alice") == {} and owned(tstore, "bob")
-
-
-def test_an_erased_users_words_count_in_nobodys_scores(tstore):
-    """Issue 36, item 4: deleted documents count in BM25's term statistics until their segments merge, so Carol's
-    scores told whether Bob had written her words, even after his erasure. The erasure now merges them away."""
-    write_memory(tstore, "carol", "Carol's quince tree needs pruning in winter")
-
-    def carol_scores() -> list[tuple[str, float]]:
-        hits = recall(tstore, "carol", "quince pruning", mode="bm25").hits
-        return [(hit.id, hit.path_scores["bm25"]) for hit in hits]
-
-    before = carol_scores()
-    for text in ("Bob grows a quince by the shed", "Bob's quince jelly recipe", "Bob is pruning the quince"):
-        write_memory(tstore, "bob", text)
-    assert carol_scores() != before, "the channel this closes: Bob's words move Carol's scores"
-    erase_user(tstore, "bob")
-    assert carol_scores() == before

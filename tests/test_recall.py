@@ -15,7 +15,15 @@ from atlas.core.errors import NotFound, SchemaMismatch, ValidationError
 from atlas.core.fusion import rrf_fuse
 from atlas.core.memory import bulk_load, forget_memory, write_episode, write_memory
 from atlas.core.passages import passage_sentences, passage_text
-from atlas.core.recall import build_recall_requests, pre_recall, recall, record_recall, to_kibana
+from atlas.core.recall import (
+    build_recall_requests,
+    pre_recall,
+    recall,
+    recall_header,
+    record_recall,
+    term_weights,
+    to_kibana,
+)
 from atlas.core.schemas import drop_indices, ensure_indices
 from atlas.models.embed import load_embedder
 from atlas.research.fusion_study import score_fuse
@@ -83,6 +91,14 @@ def test_fusion_order_on_cluster_matches_rrf_of_paths(store):
         assert hit.path_scores.keys() == hit.ranks.keys()
 
 
+def hybrid_requests(store, query: str, types: tuple, **options) -> list[dict]:
+    """Sarah's hybrid `_msearch` for `query` over `types`, as recall builds it (a zero query vector)."""
+    header = recall_header(store, "sarah", types, archive=False)
+    return build_recall_requests(store, "sarah", mode="hybrid", header=header, now=NOW, params=store.params,
+                                 window=80, weights=term_weights(store, "sarah", query, header),
+                                 query_vector=[0.0] * store.embedder.dims, **options)
+
+
 def test_the_priors_sit_in_the_bm25_path_only(store):
     """BM25 scores carry recency, use and priors; kNN ranks by similarity alone, so an old episode
     that matches best stays first in the dense path (at 1500 days its multiplier is 0.70). Only a
@@ -90,14 +106,10 @@ def test_the_priors_sit_in_the_bm25_path_only(store):
     old = write_episode(store, "sarah", "I reset the Lumio hub by holding its button for ten seconds", session_id="s1",
                         ts=NOW - timedelta(days=1500))
     write_episode(store, "sarah", "The Lumio hub manual is in the kitchen drawer", session_id="s2")
-    bm25, knn = build_recall_requests(store, "sarah", "hub", mode="hybrid", types=("episodic",),
-                                      include_superseded=False, now=NOW, params=store.params, window=80,
-                                      query_vector=[0.0] * store.embedder.dims)
+    bm25, knn = hybrid_requests(store, "hub", ("episodic",))
     assert "function_score" in bm25["body"]["query"] and "function_score" not in str(knn["body"])
     june = (NOW - timedelta(days=150), NOW - timedelta(days=120))
-    _, knn = build_recall_requests(store, "sarah", "hub", mode="hybrid", types=("episodic",),
-                                   include_superseded=False, now=NOW, params=store.params, window=80,
-                                   query_vector=[0.0] * store.embedder.dims, period=june)
+    _, knn = hybrid_requests(store, "hub", ("episodic",), period=june)
     assert [f["weight"] for f in knn["body"]["query"]["function_score"]["functions"]] == [
         store.params.period_boost, 1 / store.params.period_boost], "episodes said then up, facts begun after down"
     assert "gauss" not in str(knn["body"])
@@ -125,10 +137,10 @@ def test_a_prefix_written_by_another_model_is_refused(es):
 
 
 def test_bm25_ignores_length_and_an_older_index_is_upgraded(store):
-    """BM25_B = 0: a long episode and a short one that use the question's word once score alike; an
-    index created with Lucene's default (b 0.75) is switched in place, its documents kept."""
+    """The `boolean` similarity: a long episode and a short one that hold the question's word score alike (its
+    weight); an index created with Lucene's BM25 (b 0.75) is switched in place, its documents kept."""
     write_episode(store, "sarah", "The hub again", session_id="s1")
-    write_episode(store, "sarah", "The hub blinked red all evening while Biscuit slept by the radiator",
+    write_episode(store, "sarah", "The hub blinked red all evening while Biscuit slept by the radiator, the hub",
                   session_id="s1")
 
     def bm25_scores() -> list[float]:
@@ -137,7 +149,8 @@ def test_bm25_ignores_length_and_an_older_index_is_upgraded(store):
     assert bm25_scores() == pytest.approx([bm25_scores()[0]] * 2)
     episodic = f"{store.prefix}-episodic"
     store.es.indices.close(index=episodic)
-    store.es.indices.put_settings(index=episodic, settings={"index": {"similarity": {"default": {"b": 0.75}}}})
+    bm25 = {"index": {"similarity": {"default": {"type": "BM25", "b": 0.75}}}}
+    store.es.indices.put_settings(index=episodic, settings=bm25)
     store.es.indices.open(index=episodic, wait_for_active_shards="all")
     short, long = bm25_scores()
     assert short > long * 1.1
@@ -167,7 +180,7 @@ def test_an_index_that_cannot_be_closed_is_not_upgraded_silently(store, operator
     """A cluster may refuse to close an index (here `cluster.indices.close.enable: false`): say so, change nothing."""
     catalog = f"{store.prefix}-catalog"
     store.es.indices.close(index=catalog)
-    store.es.indices.put_settings(index=catalog, settings={"index": {"similarity": {"default": {"b": 0.75}}}})
+    store.es.indices.put_settings(index=catalog, settings={"index": {"similarity": {"default": {"type": "BM25"}}}})
     store.es.indices.open(index=catalog, wait_for_active_shards="all")
     operator_es.cluster.put_settings(persistent={"cluster.indices.close.enable": False})
     try:
@@ -177,7 +190,7 @@ def test_an_index_that_cannot_be_closed_is_not_upgraded_silently(store, operator
     finally:
         operator_es.cluster.put_settings(persistent={"cluster.indices.close.enable": None})
     index_settings = store.es.indices.get_settings(index=catalog)[catalog]["settings"]["index"]
-    assert index_settings["similarity"]["default"]["b"] == "0.75"
+    assert index_settings["similarity"]["default"]["type"] == "BM25"
     assert store.es.cat.indices(index=catalog, h="status").strip() == "open"
 
 
@@ -276,12 +289,12 @@ def test_second_stage_failure_falls_back(store):
 
 
 def test_request_bodies_are_printable(store):
-    requests = build_recall_requests(store, "sarah", "hub", mode="hybrid", types=("semantic",),
-                                     include_superseded=False, now=NOW, params=store.params, window=80,
-                                     query_vector=[0.0] * store.embedder.dims)
+    write_memory(store, "sarah", "The hub sits in the hallway")
+    requests = hybrid_requests(store, "hub", ("semantic",))
     assert [r["path"] for r in requests] == ["bm25", "dense"]
     text = to_kibana(requests)
     assert text.startswith("GET _msearch") and '"user_id": "sarah"' in text
+    assert '{"match": {"text": {"query": "hub", "boost": ' in text, "the word with its weight"
 
 
 @pytest.mark.parametrize("bad", [
@@ -454,7 +467,8 @@ def test_timings_split_each_paths_search_and_the_supersession_check(store):
 
 def test_the_default_recall_is_one_msearch_and_reads_nothing_else(store, monkeypatch):
     """Issue 33: the default mode's recall makes one `_msearch` (the second stage's vectors and hubness come in it)
-    and no `mget`; a plain recall writes nothing (`record_recall` is the caller's step)."""
+    and no `mget`, besides the size-0 search of the user's term statistics (issue 36, `term_weights`), sent while
+    the query is embedded; a plain recall writes nothing (`record_recall` is the caller's step)."""
     facts = [write_memory(store, "tim", text) for text in ("The garage sensor is a Zigbee contact sensor",
                                                            "Tim's garage door opener is on the 2.4 GHz band")]
     write_episode(store, "tim", "The garage door sensor went offline after the storm")
@@ -469,7 +483,7 @@ def test_the_default_recall_is_one_msearch_and_reads_nothing_else(store, monkeyp
     monkeypatch.setattr(Elasticsearch, "perform_request", counted)
     result = recall(store, "tim", "garage sensor offline", k=5)
     assert result.second_stage is not None, result.note
-    assert [path for _, path in sent] == ["/_msearch"], sent
+    assert sorted(path.rsplit("/", 1)[-1] for _, path in sent) == ["_msearch", "_search"], sent
     assert {hit.id for hit in result.hits} >= set(facts)
     assert all("rerank_embedding" not in hit.source for hit in result.hits), "vectors stay out of the hits"
     monkeypatch.undo()

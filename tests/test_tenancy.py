@@ -28,6 +28,7 @@ from atlas.core.supersession import history
 from atlas.research import leaks
 from atlas.research.leaks import leak_sweep
 from atlas.security import tenancy, tokens
+from atlas.security.privacy import erase_user
 from atlas.security.secrets import read_secret, users_path
 from atlas.security.tenancy import (
     UnrestrictedReadWarning,
@@ -181,6 +182,45 @@ def test_each_user_sees_own_and_catalog(tstore, pair, code_filter):
     everything = alice.search(index=",".join(all_indices(tstore.prefix)), query={"match_all": {}}, size=100)
     assert {h["_source"].get("user_id") for h in everything["hits"]["hits"]} == {"alice", None}
     assert everything["hits"]["total"]["value"] == 1 + len(CATALOG)
+
+
+def recall_as_seen(store: Store, user_id: str, query: str, mode: C.RecallMode) -> list[tuple]:
+    """Everything a recall hands its tenant of each hit, in order: id, ranks, path scores, fused and second-stage
+    scores (hubness included: the embedding stage held it against the cosine)."""
+    return [(h.id, h.ranks, h.path_scores, h.score, h.second_stage_score, h.hubness)
+            for h in recall(store, user_id, query, mode=mode).hits]
+
+
+def test_another_tenants_writes_edits_and_erasure_leave_a_recall_bit_identical(tstore):
+    """Issue 36, items 1 and 4: BM25's IDF counted every tenant of the shard, so alice's scores told whether bob's
+    memories held her words (on the code before the fix: "bm25 scores moved", her best hit's 2.0951438 to 2.0799592
+after bob's three facts and three episodes), and an erased
+    user's words counted until their segments merged. Weights come from alice's own documents now: what bob writes,
+    supersedes, forgets or has erased changes nothing alice is shown, in any mode, to the last bit."""
+    load_catalog(tstore)
+    for text in ("My quince tree needs pruning every winter", "The hub in the hallway runs the porch light",
+                 "I keep the pruning saw in the shed"):
+        write_memory(tstore, "alice", text, fact_type="preference")
+    write_episode(tstore, "alice", "Should I prune the quince before the frost?", session_id="a1")
+    queries = ("when do I prune the quince tree", "where is the pruning saw")
+    modes: tuple[C.RecallMode, ...] = ("bm25", "dense", "hybrid", "hybrid+rerank")
+
+    def seen() -> dict:
+        return {(q, mode): recall_as_seen(tstore, "alice", q, mode) for q in queries for mode in modes}
+
+    before = seen()
+    assert all(before.values())
+    bob = [write_memory(tstore, "bob", text, fact_type="preference") for text in (
+        "Bob grows a quince by the shed", "Bob's quince jelly recipe needs a pruning saw",
+        "Bob is pruning the quince tree in the winter")]
+    for i in range(3):
+        write_episode(tstore, "bob", f"Where did I put the pruning saw? The quince needs it ({i})", session_id="b1")
+    assert seen() == before, "bm25 scores moved"
+    write_memory(tstore, "bob", "Bob gave the quince tree away", supersedes_id=bob[2])
+    forget_memory(tstore, "bob", bob[0])
+    assert seen() == before
+    erase_user(tstore, "bob")
+    assert seen() == before
 
 
 def test_service_credential_with_code_filter_does_not_leak_but_warns(tstore, pair):

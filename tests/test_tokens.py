@@ -106,10 +106,12 @@ def documents_counted(explanation: dict) -> int:
     return max((documents_counted(detail) for detail in explanation.get("details", [])), default=0)
 
 
-def test_a_dls_key_may_not_read_term_statistics_yet_its_scores_count_other_tenants(tstore):
+def test_a_dls_key_may_not_read_term_statistics_and_its_scores_count_nothing(tstore):
     """Issue 36, item 6: through alice's own DLS key, `_termvectors` printed how many of bob's documents hold a word
-    (doc_freq 3); the key may now only search, and is refused. Its scores still count bob's documents (BM25's IDF),
-    so the key stays on the server and tenants get tokens. A token is useless to the cluster."""
+    (doc_freq 3); the key may now only search, and is refused. Its scores counted bob's documents too (BM25's IDF,
+    n = 4); the indices' `boolean` similarity reads no term statistics (items 1 and 4). The key still stays on the
+    server (docs/security.md: a query that expands terms reads the shard's term dictionary), and tenants get
+    tokens. A token is useless to the cluster."""
     for i in range(3):
         write_memory(tstore, "bob", f"Bob's secret project zanzibar, note {i}", fact_type="person")
     write_memory(tstore, "alice", "My dog Biscuit has a zanzibar-blue collar", fact_type="person")
@@ -120,7 +122,7 @@ def test_a_dls_key_may_not_read_term_statistics_yet_its_scores_count_other_tenan
         alice_key.termvectors(index=semantic, doc={"text": "zanzibar"}, fields=["text"], term_statistics=True)
     found = alice_key.search(index=semantic, query={"match": {"text": "zanzibar"}}, explain=True)["hits"]["hits"]
     assert len(found) == 1, "DLS hides bob's documents"
-    assert documents_counted(found[0]["_explanation"]) == 4, "not their term statistics: the score counts them"
+    assert documents_counted(found[0]["_explanation"]) == 0 and found[0]["_score"] == 1.0, "no term statistics"
     issued = tokens.create_user(tstore, "carol")
     assert issued.secret.startswith(C.TOKEN_PREFIX) and issued.secret not in repr(issued)
     with pytest.raises(AuthenticationException):  # Elasticsearch itself refuses an Atlas token

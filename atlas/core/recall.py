@@ -2,13 +2,14 @@
 
 This cluster has no `rrf` retriever, so fusion happens here: each path returns its
 top `window`, and a document's fused score is the sum over paths of 1 / (rank_constant + rank).
-The BM25 path multiplies its scores by recency, use and priors (`atlas.core.scoring`); the kNN
-path ranks by similarity alone, times only the boost of a period the question names (see
-`build_knn_body`).
+The BM25 path weighs each word of the query by its IDF among the documents the user can read (`term_weights`: one
+search, made while the query is embedded; Elasticsearch's own term statistics count every tenant of a shard) and
+multiplies its scores by recency, use and priors (`atlas.core.scoring`); the kNN path ranks by similarity alone,
+times only the boost of a period the question names (see `build_knn_body`).
 The second stage (`atlas.models.rerank`) re-scores the top `pool` of the fused list (`fusion.rank_pool`); the
 embedding stage holds each candidate's hubness against it (`atlas.core.hubness`). The one `_msearch` returns what
-the second stage reads (the stored `rerank_embedding` and `hubness`), so recall makes no other round trip, except
-`settle_supersessions`' search by id when a hit has retired something.
+the second stage reads (the stored `rerank_embedding` and `hubness`), so recall makes no other round trip than the
+term statistics', except `settle_supersessions`' search by id when a hit has retired something.
 Every request body is built by a pure function, so a notebook can print it and paste
 it into Kibana Dev Tools. A recall only reads: recording the use of the facts it returned is the caller's step
 (`record_recall`), which the agent loop and the MCP tools take.
@@ -17,8 +18,11 @@ it into Kibana Dev Tools. A recall only reads: recording the use of the facts it
 from __future__ import annotations
 
 import json
+import math
 import time
+from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -91,9 +95,10 @@ class RecallResult:
     second_stage: str | None
     #: Said when something fell back (e.g. "second stage failed: ...; RRF order").
     note: str | None
-    #: Seconds spent in query embedding ("embed"), the `_msearch` ("es"), fusion ("fusion") and the second stage
-    #: ("second"), and within them: each path's search on the server ("took_<path>", from the response's `took`)
-    #: and the check of in-flight supersessions ("settle").
+    #: Seconds spent in query embedding ("embed"), in it and the term statistics' search side by side ("stats"), the
+    #: `_msearch` ("es"), fusion ("fusion") and the second stage ("second"), and within them: each search on the
+    #: server ("took_stats", "took_<path>", from the response's `took`) and the check of in-flight supersessions
+    #: ("settle").
     timings: dict[str, float]
     #: The `_msearch` body, header and search per path.
     requests: list[dict]
@@ -128,12 +133,70 @@ def build_filters(prefix: str, user_id: str, *, code_filter: bool = True, includ
     return {"bool": clauses}
 
 
-def build_bm25_body(query: str, filters: dict, now: datetime, params: ScoringParams, window: int, *,
+#: The BM25 path's fields and their weights, `text` (stemmed) having 1.
+BM25_FIELDS = {"text": 1.0, "text.exact": C.EXACT_BOOST, "context": C.CONTEXT_BOOST}
+
+#: {field: {word: weight}}: what each word of a query adds to a memory's BM25 score when the field holds it.
+Weights = dict[str, dict[str, float]]
+
+
+def query_words(query: str) -> Counter[str]:
+    """The BM25 path's words: the first MAX_QUERY_TERMS of `query`, lowercased (both analyzers lowercase), each
+    with how often the query says it."""
+    return Counter(word.lower() for word in query.split()[:C.MAX_QUERY_TERMS])
+
+
+def build_stats_body(prefix: str, user_id: str, words: Sequence[str], *, code_filter: bool = True) -> dict:
+    """The term statistics of `words` among the documents the user can read (its own and the catalog's, DLS or the
+    code filter): per field, how many documents have it and how many match each word. No hits."""
+    scope = {"bool": {"filter": [build_owner_filter(prefix, user_id)]}} if code_filter else {"match_all": {}}
+    aggs = {"fields": {"filters": {"filters": {name: {"exists": {"field": name}} for name in BM25_FIELDS}}}}
+    for name in BM25_FIELDS:
+        aggs[name] = {"filters": {"filters": {word: {"match": {name: word}} for word in words}}}
+    return {"size": 0, "query": scope, "aggs": aggs}
+
+
+def idf(doc_freq: int, docs: int) -> float:
+    """BM25's inverse document frequency, as Lucene computes it: ln(1 + (docs - doc_freq + 0.5) / (doc_freq + 0.5))."""
+    return math.log(1 + (docs - doc_freq + 0.5) / (doc_freq + 0.5))
+
+
+def weights_from(stats: dict, words: Counter[str]) -> Weights:
+    """{field: {word: field weight x occurrences x IDF}} from a `build_stats_body` response, for the words some
+    document holds (the others match nothing)."""
+    aggs = stats["aggregations"]
+    weights: Weights = {}
+    for name, boost in BM25_FIELDS.items():
+        docs = aggs["fields"]["buckets"][name]["doc_count"]
+        weights[name] = {word: round(boost * words[word] * idf(bucket["doc_count"], docs), 6)
+                         for word, bucket in aggs[name]["buckets"].items() if bucket["doc_count"]}
+    return weights
+
+
+def term_weights(store: Store, user_id: str, query: str, header: dict, *, idf: bool = True,
+                 timings: dict[str, float] | None = None) -> Weights:
+    """The BM25 path's weights for `query`: each word's IDF among the documents the user can read in the indices of
+    `header` (one search of `build_stats_body`, through the user's client), so that no other tenant's documents count.
+    Its server time goes into `timings` as "took_stats" (seconds). Without `idf`, every word weighs 1 (no search)."""
+    words = query_words(query)
+    if not idf:
+        return {name: {word: boost * n for word, n in words.items()} for name, boost in BM25_FIELDS.items()}
+    body = build_stats_body(store.prefix, user_id, list(words), code_filter=store.code_filter)
+    stats = store.read_client(user_id).search(index=header["index"], routing=header.get("routing"),
+                                              ignore_unavailable=True, **body)
+    if timings is not None:
+        timings["took_stats"] = stats["took"] / 1000
+    return weights_from(stats.body, words)
+
+
+def build_bm25_body(weights: Weights, filters: dict, now: datetime, params: ScoringParams, window: int, *,
                     period: Period | None = None) -> dict:
-    """BM25 over the text, its exact-token subfield and the replied-to context (the first MAX_QUERY_TERMS words)."""
-    query = " ".join(query.split()[:C.MAX_QUERY_TERMS])
-    fields = ["text", f"text.exact^{C.EXACT_BOOST}", f"context^{C.CONTEXT_BOOST}"]
-    match = {"multi_match": {"query": query, "fields": fields, "type": "most_fields"}}
+    """BM25 over the text, its exact-token subfield and the replied-to context: a memory scores the weight of each
+    word it holds (`term_weights`; the indices' `boolean` similarity adds the boosts as given), times the
+    multipliers."""
+    should = [{"match": {name: {"query": word, "boost": weight}}}
+              for name, words in weights.items() for word, weight in words.items()]
+    match = {"bool": {"should": should, "minimum_should_match": 1}} if should else {"match_none": {}}
     inner = {"bool": {"must": [match], "filter": [filters]}}
     return {"size": window, "query": build_scored_query(inner, now, params=params, period=period),
             "seq_no_primary_term": True, "_source": {"excludes": list(VECTOR_FIELDS)}}
@@ -174,20 +237,25 @@ def paths_of(mode: C.RecallMode) -> tuple[str, ...]:
     return {"bm25": ("bm25",), "dense": ("dense",)}.get(mode, ("bm25", "dense"))
 
 
-def build_recall_requests(store: Store, user_id: str, query: str, *, mode: C.RecallMode,
-                          types: Sequence[C.MemoryType], include_superseded: bool, now: datetime,
-                          params: ScoringParams, window: int, query_vector: Sequence[float] | None,
-                          period: Period | None = None, routed: bool = True, session_id: str | None = None,
+def recall_header(store: Store, user_id: str, types: Sequence[C.MemoryType], *, archive: bool,
+                  routed: bool = True) -> dict:
+    """The `_msearch` header of a recall's searches: the indices of `types` (and the archive), only the user's shard
+    of each when `routed` (`routing=user_id`, where all of the user's documents live, `documents.routing_of`)."""
+    return {"index": recall_indices(store, types, archive), **({"routing": user_id} if routed else {}),
+            "ignore_unavailable": True}
+
+
+def build_recall_requests(store: Store, user_id: str, *, mode: C.RecallMode, header: dict, now: datetime,
+                          params: ScoringParams, window: int, weights: Weights | None,
+                          query_vector: Sequence[float] | None, include_superseded: bool = False,
+                          period: Period | None = None, session_id: str | None = None,
                           second_stage_fields: bool = False, as_of: datetime | None = None) -> list[dict]:
     """[{"path", "header", "body"}] of one `_msearch`: one search per retrieval path.
 
-    `routed` searches only the user's shard of each index (`routing=user_id`, where all of the user's
-    documents live, `documents.routing_of`); without, every shard is asked (the benchmark's comparison).
-    `session_id` restricts every path to that session. `second_stage_fields` returns each hit's stored
-    `rerank_embedding` too (the embedding second stage reads it; `hubness` is always in `_source`). `as_of` keeps
-    what was held then (`build_filters`); it, `include_superseded` and a `period` read the archive too."""
-    header = {"index": recall_indices(store, types, include_superseded or as_of is not None or period is not None),
-              **({"routing": user_id} if routed else {}), "ignore_unavailable": True}
+    The BM25 path takes the query's `weights` (`term_weights`), the kNN path its `query_vector`. `session_id`
+    restricts every path to that session. `second_stage_fields` returns each hit's stored `rerank_embedding` too
+    (the embedding second stage reads it; `hubness` is always in `_source`). `as_of` keeps what was held then
+    (`build_filters`)."""
     filters = build_filters(store.prefix, user_id, code_filter=store.code_filter, include_superseded=include_superseded,
                             session_id=session_id, as_of=as_of, period=period)
     source = ({"exclude_vectors": False, "excludes": [f for f in VECTOR_FIELDS if f != "rerank_embedding"]}
@@ -195,7 +263,9 @@ def build_recall_requests(store: Store, user_id: str, query: str, *, mode: C.Rec
     requests = []
     for path in paths_of(mode):
         if path == "bm25":
-            body = build_bm25_body(query, filters, now, params, window, period=period)
+            if weights is None:
+                raise ValidationError(f"mode {mode} searches by BM25: pass the query's weights (term_weights)")
+            body = build_bm25_body(weights, filters, now, params, window, period=period)
         elif query_vector is None:
             raise ValidationError(f"mode {mode} searches by kNN: pass the query_vector")
         else:
@@ -215,7 +285,8 @@ def to_kibana(requests: list[dict]) -> str:
 def search(store: Store, user_id: str, requests: list[dict], *, timings: dict[str, float] | None = None
            ) -> tuple[dict[str, dict], dict[str, list[str]], dict[str, dict[str, float]]]:
     """Send `requests` as one `_msearch`: ({key: raw hit}, {path: [key, ...]}, {key: {path: _score}}),
-    a key being "<index>/<id>"; each path's server time goes into `timings` as "took_<path>" (seconds)."""
+    a key being "<index>/<id>", each path's keys by score, then key; each path's server time goes into `timings` as
+    "took_<path>" (seconds)."""
     searches = [part for r in requests for part in (r["header"], r["body"])]
     responses = store.read_client(user_id).msearch(searches=searches)["responses"]
     raw: dict[str, dict] = {}
@@ -228,12 +299,13 @@ def search(store: Store, user_id: str, requests: list[dict], *, timings: dict[st
             raise AtlasError(f"{request['path']} search failed: {reason}")
         if timings is not None:
             timings[f"took_{request['path']}"] = response["took"] / 1000
-        rankings[request["path"]] = []
         for doc in response["hits"]["hits"]:
             key = f"{doc['_index']}/{doc['_id']}"
             raw.setdefault(key, doc)
-            rankings[request["path"]].append(key)
             path_scores.setdefault(key, {})[request["path"]] = doc["_score"]
+        # Ties go by key, not by Lucene's doc ids, which another tenant's writes and their merges renumber.
+        keys = [f"{doc['_index']}/{doc['_id']}" for doc in response["hits"]["hits"]]
+        rankings[request["path"]] = sorted(keys, key=lambda k: (-path_scores[k][request["path"]], k))
     return raw, rankings, path_scores
 
 
@@ -307,8 +379,10 @@ class Tuning:
     rrf_weight: float = C.RERANK_RRF_WEIGHT
     #: How much a candidate's hubness lowers the embedding stage's cosine (0: off).
     hub_penalty: float = C.HUB_PENALTY
-    #: Read only the user's shard of each index (`build_recall_requests`); off asks every shard.
+    #: Read only the user's shard of each index (`recall_header`); off asks every shard.
     routed: bool = True
+    #: Weigh each word of the BM25 path by its IDF among the user's documents (`term_weights`); off: every word 1.
+    idf: bool = True
 
     def checked(self) -> Tuning:
         for value, what in ((self.window, "window"), (self.pool, "pool"), (self.rank_constant, "rank_constant")):
@@ -316,6 +390,7 @@ class Tuning:
         check_number(self.rrf_weight, low=0, high=10, what="rrf_weight")
         check_number(self.hub_penalty, low=0, high=10, what="hub_penalty")
         check_flag(self.routed, "routed")
+        check_flag(self.idf, "idf")
         return self
 
 
@@ -350,15 +425,21 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
                                   "recall as of now needs no as_of")
         now = as_of
     timings = {"embed": 0.0, "es": 0.0, "fusion": 0.0, "second": 0.0}
-    started = time.perf_counter()
-    query_vector = store.embedder.embed_queries([query])[0] if mode != "bm25" else None
-    timings["embed"] = time.perf_counter() - started
     period = mentioned_period(query, now)
     stage = store.second_stage if mode == "hybrid+rerank" else None
-    requests = build_recall_requests(store, user_id, query, mode=mode, types=checked_types,
-                                     include_superseded=include_superseded, now=now, params=store.params,
-                                     window=max(tuning.window, k), query_vector=query_vector, period=period,
-                                     routed=tuning.routed, as_of=as_of,
+    header = recall_header(store, user_id, checked_types,
+                           archive=include_superseded or as_of is not None or period is not None, routed=tuning.routed)
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the term statistics are read while the query is embedded
+        stats = (pool.submit(term_weights, store, user_id, query, header, idf=tuning.idf, timings=timings)
+                 if mode != "dense" else None)
+        query_vector = store.embedder.embed_queries([query])[0] if mode != "bm25" else None
+        timings["embed"] = time.perf_counter() - started
+        weights = stats.result() if stats is not None else None
+    timings["stats"] = time.perf_counter() - started
+    requests = build_recall_requests(store, user_id, mode=mode, header=header, now=now, params=store.params,
+                                     window=max(tuning.window, k), weights=weights, query_vector=query_vector,
+                                     include_superseded=include_superseded, period=period, as_of=as_of,
                                      second_stage_fields=stage is not None and stage.embedder is not None)
     started = time.perf_counter()
     raw, rankings, path_scores = search(store, user_id, requests, timings=timings)

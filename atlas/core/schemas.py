@@ -17,7 +17,6 @@ from atlas.constants import (
     ARCHIVE_SUFFIX,
     BBQ_MIN_DIMS,
     BBQ_OVERSAMPLE,
-    BM25_B,
     CATALOG_SHARDS,
     ENGLISH_STOPWORDS,
     HNSW_EF_CONSTRUCTION,
@@ -162,8 +161,10 @@ TYPE_MAPPINGS: dict[str, dict] = {
 }
 
 
-#: BM25 of every text field (`BM25_B`). A static setting: `ensure_indices` closes an older index to change it.
-SIMILARITY = {"default": {"type": "BM25", "b": BM25_B}}
+#: Every text field scores a matching term with the query's boost alone: the BM25 path gives each word its IDF among
+#: the memories the user can read (`atlas.core.recall.term_weights`), so no score counts another tenant's documents.
+#: A static setting: `ensure_indices` closes an older index to change it.
+SIMILARITY = {"default": {"type": "boolean"}}
 
 
 def index_settings(*, shards: int = SINGLE_NODE_SHARDS, replicas: int = SINGLE_NODE_REPLICAS,
@@ -257,12 +258,16 @@ def set_similarity(es: Elasticsearch, index: str) -> None:
         es.indices.close(index=index)
     except ApiError as exc:
         reason = (exc.body.get("error") or {}).get("reason") if isinstance(exc.body, dict) else None
-        raise SchemaMismatch(f"{index} scores with another BM25 similarity than {SIMILARITY}, and closing it to "
+        raise SchemaMismatch(f"{index} scores with another similarity than {SIMILARITY}, and closing it to "
                              f"change that failed ({reason or exc.message}). Drop the prefix "
                              "(atlas.core.schemas.drop_indices) to rebuild, or change the setting on the closed index "
                              "yourself.") from None
     try:
-        es.indices.put_settings(index=index, settings={"index": {"similarity": SIMILARITY}})
+        # The old similarity's own parameters (BM25's `b`) are unknown to the new one: set them to null.
+        old = es.indices.get_settings(index=index, name="index.similarity.*", flat_settings=True)[index]["settings"]
+        new = {f"index.similarity.{name}.{key}": value for name, options in SIMILARITY.items()
+               for key, value in options.items()}
+        es.indices.put_settings(index=index, settings=dict.fromkeys(old) | new, flat_settings=True)
     finally:
         es.indices.open(index=index, wait_for_active_shards="all")
 
@@ -272,7 +277,7 @@ def ensure_indices(es: Elasticsearch, prefix: str, dims: int, rerank_dims: int |
                    vector_index: VectorIndex = VECTOR_INDEX, source_vectors: bool = SOURCE_VECTORS) -> dict[str, str]:
     """Create missing indices; check existing ones. Returns {index: "created"|"ok"|"upgraded"}.
 
-    New fields and another BM25 similarity are applied in place when `upgrade` (the latter closes
+    New fields and another similarity are applied in place when `upgrade` (the latter closes
     the index for a moment); a changed field type or vector format cannot be, and raises `SchemaMismatch`
     naming each difference (export the users and import them into a new prefix, or drop the prefix).
     """

@@ -12,7 +12,17 @@ from itertools import zip_longest
 
 from atlas.core.clock import mentioned_period
 from atlas.core.fusion import rrf_fuse
-from atlas.core.recall import DEFAULT_TUNING, Hit, RecallResult, Tuning, _hit, build_recall_requests, search
+from atlas.core.recall import (
+    DEFAULT_TUNING,
+    Hit,
+    RecallResult,
+    Tuning,
+    _hit,
+    build_recall_requests,
+    recall_header,
+    search,
+    term_weights,
+)
 from atlas.core.store import Store
 
 #: The session pass (off at 0): the sessions of the first k hits, at most this many, are searched again, each on
@@ -40,12 +50,13 @@ def build_session_requests(store: Store, result: RecallResult, sessions: Sequenc
 
     A request's path is "<path>@<session id>"."""
     now = store.now()
+    header = recall_header(store, result.user_id, ("episodic",), archive=False, routed=tuning.routed)
     vector = store.embedder.embed_queries([result.query])[0] if result.mode != "bm25" else None
+    weights = term_weights(store, result.user_id, result.query, header) if result.mode != "dense" else None
     return [request | {"path": f"{request['path']}@{session}"} for session in sessions
             for request in build_recall_requests(
-                store, result.user_id, result.query, mode=result.mode, types=("episodic",), include_superseded=False,
-                now=now, params=store.params, window=turns, query_vector=vector,
-                period=mentioned_period(result.query, now), routed=tuning.routed, session_id=session)]
+                store, result.user_id, mode=result.mode, header=header, now=now, params=store.params, window=turns,
+                weights=weights, query_vector=vector, period=mentioned_period(result.query, now), session_id=session)]
 
 
 def session_pass(store: Store, result: RecallResult, *, k: int, sessions: int = SESSION_PASS,

@@ -1,0 +1,72 @@
+"""Tenant-local BM25 as a study (docs/evaluation.md, "Tenant-local BM25"): every mode with each word weighed by its
+IDF among the user's own documents (the default) and with every word weighing 1 (`Tuning(idf=False)`, no statistics
+search), in one run.
+
+    .venv/bin/python scripts/statistics_study.py [--conversations 2] [--prefix-persona eval-persona]
+
+Asks every question of the persona set and of LoCoMo's first `--conversations` conversations (0: all) in every mode
+and arm, on the prefixes `atlas eval` keeps (loading them if needed; LoCoMo's prefix is `eval-locomo-ci` for the first
+two, `eval-locomo` for all), writes outputs/eval/statistics_study.json and prints R@5, R@10 (LoCoMo: its main set)
+and the latency (p50/p95 ms) per dataset, mode and arm. Each question is asked in both arms before the next, so
+both see one load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from atlas import constants as C
+from atlas.config import REPO_ROOT
+from atlas.core.recall import Tuning
+from atlas.reporting import table
+from atlas.research.datasets import PERSONA_NOW
+from atlas.research.evaluate import LOCOMO_KS, PERSONA_KS, ask, prepare_locomo, prepare_persona, write_report
+from atlas.research.locomo import CATEGORY_NAMES, MAIN_CATEGORIES, load_conversations
+from atlas.research.metrics import percentiles
+from atlas.stack import open_store
+
+#: The arms: the default, and the BM25 path without IDF.
+ARMS = {"tenant IDF": Tuning(), "no IDF": Tuning(idf=False)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--conversations", type=int, default=2)
+    parser.add_argument("--prefix-persona", default="eval-persona")
+    args = parser.parse_args()
+    persona_store = open_store(args.prefix_persona, now=lambda: PERSONA_NOW)
+    persona, _ = prepare_persona(persona_store, progress=False)
+    conversations = load_conversations()[:args.conversations or None]
+    locomo_store = open_store("eval-locomo-ci" if args.conversations == 2 else "eval-locomo")
+    locomo, _ = prepare_locomo(locomo_store, conversations, progress=False)
+    rows: list[dict] = []
+    load = {}
+    for name, store, questions, ks in (("persona", persona_store, persona, PERSONA_KS),
+                                       ("locomo", locomo_store, locomo, LOCOMO_KS)):
+        for mode in C.RECALL_MODES:
+            for question in questions:
+                for arm, tuning in ARMS.items():
+                    row = ask(store, question, mode, ks, options={"tuning": tuning})
+                    rows.append(row | {"dataset": name, "arm": arm})
+        load[name] = os.getloadavg()
+    summary = []
+    main = {CATEGORY_NAMES[c] for c in MAIN_CATEGORIES}  # LoCoMo's R@K: the main set, as `atlas eval locomo` reports
+    for name in ("persona", "locomo"):
+        for mode in C.RECALL_MODES:
+            for arm in ARMS:
+                mine = [r for r in rows if (r["dataset"], r["mode"], r["arm"]) == (name, mode, arm)]
+                scored = [r for r in mine if "r@10" in r and (name == "persona" or r["group"] in main)]
+                latency = percentiles([r["latency_ms"] for r in mine], ps=(50, 95))
+                summary.append({"dataset": name, "mode": mode, "arm": arm, "n": len(scored),
+                                "r@5": sum(r["r@5"] for r in scored) / len(scored),
+                                "r@10": sum(r["r@10"] for r in scored) / len(scored),
+                                "p50 ms": round(latency["p50"]), "p95 ms": round(latency["p95"])})
+    write_report({"conversations": len(conversations), "summary": summary, "rows": rows, "load_average": load},
+                 REPO_ROOT / "outputs" / "eval", "statistics_study")
+    print(table(summary, title="BM25 weights: tenant IDF against none", numeric={"n", "r@5", "r@10"}).to_markdown())
+    print("load average", load)
+
+
+if __name__ == "__main__":
+    main()
