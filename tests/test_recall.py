@@ -136,6 +136,12 @@ def test_a_prefix_written_by_another_model_is_refused(es):
         first.drop()
 
 
+#: Tests that close an index, which `test_an_index_that_cannot_be_closed_is_not_upgraded_silently` forbids
+#: cluster-wide for a moment: one worker runs them.
+CLOSES_INDICES = pytest.mark.xdist_group("closes-indices")
+
+
+@CLOSES_INDICES
 def test_bm25_ignores_length_and_an_older_index_is_upgraded(store):
     """The `boolean` similarity: a long episode and a short one that hold the question's word score alike (its
     weight); an index created with Lucene's BM25 (b 0.75) is switched in place, its documents kept."""
@@ -176,6 +182,7 @@ def test_a_prefix_of_schema_v3_vectors_is_refused_with_the_way_out(es):
         drop_indices(es, prefix)
 
 
+@CLOSES_INDICES
 def test_an_index_that_cannot_be_closed_is_not_upgraded_silently(store, operator_es):
     """A cluster may refuse to close an index (here `cluster.indices.close.enable: false`): say so, change nothing."""
     catalog = f"{store.prefix}-catalog"

@@ -175,14 +175,17 @@ def weights_from(stats: dict, words: Counter[str]) -> Weights:
 
 def term_weights(store: Store, user_id: str, query: str, header: dict, *, idf: bool = True,
                  timings: dict[str, float] | None = None) -> Weights:
-    """The BM25 path's weights for `query`: each word's IDF among the documents the user can read in the indices of
-    `header` (one search of `build_stats_body`, through the user's client), so that no other tenant's documents count.
-    Its server time goes into `timings` as "took_stats" (seconds). Without `idf`, every word weighs 1 (no search)."""
+    """The BM25 path's weights for `query`: each word's IDF among the documents the user can read in the memory
+    indices of `header` (one search of `build_stats_body`, through the user's client), so that no other tenant's
+    documents count. The archive, when the recall reads it (`as_of`, superseded facts), is left out, so a word weighs
+    the same in a recall of the past as in one made then. Its server time goes into `timings` as "took_stats"
+    (seconds). Without `idf`, every word weighs 1 (no search)."""
     words = query_words(query)
     if not idf:
         return {name: {word: boost * n for word, n in words.items()} for name, boost in BM25_FIELDS.items()}
     body = build_stats_body(store.prefix, user_id, list(words), code_filter=store.code_filter)
-    stats = store.read_client(user_id).search(index=header["index"], routing=header.get("routing"),
+    live = ",".join(name for name in header["index"].split(",") if name != archive_name(store.prefix))
+    stats = store.read_client(user_id).search(index=live, routing=header.get("routing"),
                                               ignore_unavailable=True, **body)
     if timings is not None:
         timings["took_stats"] = stats["took"] / 1000
@@ -282,11 +285,19 @@ def to_kibana(requests: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def tie_order(doc: dict, key: str) -> tuple[str, str, str]:
+    """How a path orders memories of equal score, largest first: the newest, then by text, then by key. Not by
+    Lucene's doc ids, which another tenant's writes and their merges renumber, nor by the random ids alone, which
+    differ between two loads of the same data."""
+    source = doc.get("_source") or {}
+    return str(source.get("timestamp") or ""), str(source.get("text") or ""), key
+
+
 def search(store: Store, user_id: str, requests: list[dict], *, timings: dict[str, float] | None = None
            ) -> tuple[dict[str, dict], dict[str, list[str]], dict[str, dict[str, float]]]:
     """Send `requests` as one `_msearch`: ({key: raw hit}, {path: [key, ...]}, {key: {path: _score}}),
-    a key being "<index>/<id>", each path's keys by score, then key; each path's server time goes into `timings` as
-    "took_<path>" (seconds)."""
+    a key being "<index>/<id>", each path's keys by score, then `tie_order`; each path's server time goes into
+    `timings` as "took_<path>" (seconds)."""
     searches = [part for r in requests for part in (r["header"], r["body"])]
     responses = store.read_client(user_id).msearch(searches=searches)["responses"]
     raw: dict[str, dict] = {}
@@ -303,9 +314,9 @@ def search(store: Store, user_id: str, requests: list[dict], *, timings: dict[st
             key = f"{doc['_index']}/{doc['_id']}"
             raw.setdefault(key, doc)
             path_scores.setdefault(key, {})[request["path"]] = doc["_score"]
-        # Ties go by key, not by Lucene's doc ids, which another tenant's writes and their merges renumber.
         keys = [f"{doc['_index']}/{doc['_id']}" for doc in response["hits"]["hits"]]
-        rankings[request["path"]] = sorted(keys, key=lambda k: (-path_scores[k][request["path"]], k))
+        rankings[request["path"]] = sorted(sorted(keys, key=lambda k: tie_order(raw[k], k), reverse=True),
+                                           key=lambda k: -path_scores[k][request["path"]])
     return raw, rankings, path_scores
 
 
