@@ -266,7 +266,7 @@ def _print_issued(verb: str, issued: Issued) -> None:
 
 @users_app.command("create")
 def users_create(user_id: str, expiration: str | None = EXPIRATION_OPTION, prefix: str | None = PREFIX_OPTION) -> None:
-    """Create a user's read key (kept in .atlas/users.json) and print their first Atlas token, once."""
+    """Create a user's read key (kept in the cluster, for the servers) and print their first Atlas token, once."""
     from atlas.security.tenancy import key_scope
     from atlas.security.tokens import create_user
 
@@ -279,20 +279,21 @@ def users_create(user_id: str, expiration: str | None = EXPIRATION_OPTION, prefi
 
 @users_app.command("list")
 def users_list(prefix: str | None = PREFIX_OPTION) -> None:
-    """Stored keys and tokens (never their secrets), with their state as this machine knows it."""
-    from atlas.config import load_settings
-    from atlas.security.secrets import users_path
-    from atlas.security.tenancy import list_user_keys
+    """Stored keys and tokens of the prefix (never their secrets), with their state as stored."""
+    from atlas.security.tenancy import key_scope, list_user_keys
     from atlas.security.tokens import list_tokens
 
-    settings = load_settings()
-    keys = list_user_keys(settings, prefix=prefix)
+    try:
+        scope = key_scope(prefix)
+        keys, issued = list_user_keys(scope), list_tokens(scope)
+    except AtlasError as exc:
+        _fail(exc)
     if not keys:
-        typer.echo(f"no keys in {users_path(settings)}: create one with `atlas users create <user_id>`")
+        typer.echo(f"no keys in prefix {scope.prefix}: create one with `atlas users create <user_id>`")
     for key in keys:
         typer.echo(f"{key.prefix:20} {key.user_id:24} key   {key.id:22} {key.state():8} "
                    f"expires {key.expires_at or 'never'}")
-    for token in list_tokens(settings, prefix=prefix):
+    for token in issued:
         typer.echo(f"{token.prefix:20} {token.user_id:24} token {token.id:22} {token.state():8} "
                    f"expires {token.expires_at or 'never'}")
 

@@ -79,7 +79,7 @@ class Settings:
     @property
     def secrets_dir(self) -> Path:
         """Git-ignored folder of credentials (0700; files 0600). A local multi-node cluster has its own
-        (its password, user keys and tokens are not the single node's)."""
+        (its passwords are not the single node's)."""
         root = self.home / ".atlas"
         return root if self.es_nodes == 1 else root / self.cluster_name
 

@@ -66,6 +66,8 @@ CATALOG_SHARDS = 1
 DEFAULT_INDEX_PREFIX = "atlas"
 ARCHIVE_SUFFIX = "archive"
 STATE_SUFFIX = "state"
+#: Users' read keys and token hashes (`atlas.security.credentials`): the service principal's alone.
+CREDENTIALS_SUFFIX = "credentials"
 
 # --- hybrid recall ------------------------------------------------------------
 #: Reciprocal rank fusion: score = sum over paths of 1 / (RRF_RANK_CONSTANT + rank).
@@ -222,7 +224,8 @@ TOKEN_PREFIX = "atl_"
 TOKEN_BYTES = 32
 #: Lifetime of a token unless `--expiration` says otherwise.
 TOKEN_EXPIRATION = "90d"
-#: Seconds a server trusts its in-memory copy of the token file: a revocation is honoured within this bound.
+#: Seconds a server trusts its in-memory copy of the tokens and of a user's stored key (the credentials index): a
+#: revocation or rotation through another server is honoured within this bound, through this process at once.
 TOKEN_CACHE_SECONDS = 5.0
 #: Failed authentications one client address may make per window before it gets 429.
 AUTH_FAILURE_LIMIT = 10

@@ -18,7 +18,7 @@ from atlas.research.bench import (
     measure_throughput,
     measure_token_check,
 )
-from atlas.security.secrets import read_secret, users_path
+from atlas.security.credentials import credentials_name
 from atlas.security.tenancy import live_prefix_keys_query
 
 pytestmark = pytest.mark.cluster
@@ -53,7 +53,7 @@ def test_a_bench_store_drops_what_an_interrupted_run_left(store) -> None:
     assert store.es.security.query_api_keys(query=query)["api_keys"]
     fresh = bench_store(store.prefix, store.settings, store.es)
     assert not store.es.security.query_api_keys(query=query)["api_keys"]
-    assert (read_secret(users_path(store.settings)) or {}).get(store.prefix) is None
+    assert not store.es.indices.exists(index=credentials_name(store.prefix))
     assert index_size(fresh.es, fresh.prefix)["docs"] == 0
 
 

@@ -206,8 +206,8 @@ def test_kill_9_during_writes_loses_no_acknowledged_write_and_recall_answers_whi
 
 def test_keys_and_tokens_work_on_every_node(cstore):
     issued = issue_token(cstore, "carol")  # her read key was made by her first write
-    user = TokenVerifier(cstore.settings, cstore.prefix).verify(issued.secret)
-    key = stored_key(cstore.settings, cstore.prefix, user)
+    user = TokenVerifier(cstore.es, cstore.prefix).verify(issued.secret)
+    key = stored_key(cstore, user)
     for url in SETTINGS.node_urls:
         client = user_client(pinned(SETTINGS, url), user, key.encoded)
         owners = {h["_source"].get("user_id") for h in client.search(

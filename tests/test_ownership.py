@@ -111,7 +111,7 @@ def test_writes_refuse_a_memory_without_exactly_one_owner(ostore):
         bulk_load(ostore, [build_document("alice", "Lumio Hub v2 manual", "catalog", NOW)], progress=False)
     ostore.es.indices.refresh(index=ostore.indices)
     assert ostore.es.count(index=ostore.indices)["count"] == 0, "a refused load writes nothing"
-    assert tenancy.list_user_keys(ostore.settings, prefix=ostore.prefix) == [], "nor provisions a key"
+    assert tenancy.list_user_keys(ostore) == [], "nor provisions a key"
     # The positive control: one string owner, and an ownerless catalog item.
     bulk_load(ostore, [good, build_document(None, "Lumio Hub v2 manual", "catalog", NOW)], progress=False)
     assert ostore.es.count(index=ostore.indices)["count"] == 2
@@ -201,7 +201,7 @@ def legacy_key(store: Store, user_id: str) -> UserKey:
     resp = store.es.security.create_api_key(name=name, role_descriptors=role, refresh=True,
                                             metadata={"atlas_user_id": user_id, "atlas_prefix": store.prefix})
     key = UserKey(user_id, store.prefix, resp["id"], resp["name"], resp["encoded"], "2026-01-01T00:00:00.000Z")
-    tenancy._save(store.settings, key)
+    tenancy._save(store, key)
     return key
 
 
@@ -223,7 +223,7 @@ def test_keys_with_the_old_role_are_replaced_once_and_never_revived(ostore, monk
         ids = recall(ostore, "bob", "what is the spare door code", include_superseded=True).ids()
         assert bobs in ids and planted not in ids
     assert checks == [old.id], "checked once per key id"
-    new = stored_key(ostore.settings, ostore.prefix, "bob")
+    new = stored_key(ostore, "bob")
     assert new.id != old.id and role_of(ostore, new.id) == tenancy.canonical_roles(
         build_role_descriptor(ostore.prefix, "bob"))
     assert ostore.es.security.get_api_key(id=old.id, owner=True)["api_keys"][0]["invalidated"]
@@ -233,12 +233,12 @@ def test_keys_with_the_old_role_are_replaced_once_and_never_revived(ostore, monk
     revoke_user_key(ostore, "alice")
     with pytest.raises(AuthError, match="revoked"):
         recall(ostore, "alice", "what is the spare door code")
-    assert stored_key(ostore.settings, ostore.prefix, "alice").state() == "revoked"
+    assert stored_key(ostore, "alice").state() == "revoked"
     dave = legacy_key(ostore, "dave")
     ostore.es.security.invalidate_api_key(ids=[dave.id], owner=True)  # behind Atlas's back: the file still says active
     with pytest.raises(AuthError, match="revoked"):
         recall(ostore, "dave", "what is the spare door code")
-    assert stored_key(ostore.settings, ostore.prefix, "dave").id == dave.id
+    assert stored_key(ostore, "dave").id == dave.id
     carol = legacy_key(ostore, "carol")
     ensure_user_key(ostore, "carol", verify=True)
-    assert stored_key(ostore.settings, ostore.prefix, "carol").id != carol.id
+    assert stored_key(ostore, "carol").id != carol.id

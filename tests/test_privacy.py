@@ -76,7 +76,7 @@ def test_erase_removes_everything_of_alice_and_nothing_of_bob_and_is_idempotent(
     assert report.documents == 6 and report.key_ids and report.token_ids == [memory["issued"]["alice"].token.id]
     assert owned(tstore, "alice") == {}
     assert owned(tstore, "bob") == bob_before
-    verifier = tokens.TokenVerifier(tstore.settings, tstore.prefix)
+    verifier = tokens.TokenVerifier(tstore.es, tstore.prefix)
     with pytest.raises(AuthError, match="revoked"):
         verifier.verify(memory["issued"]["alice"].secret)
     assert verifier.verify(memory["issued"]["bob"].secret) == "bob"

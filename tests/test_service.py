@@ -105,8 +105,7 @@ def test_service_create_on_another_cluster_then_atlas_connects_as_it(tmp_path, m
         store = open_store(f"t-svc-{uuid.uuid4().hex[:8]}", es=es)
         try:
             write_memory(store, "sarah", "My hub is called Kestrel", fact_type="device")
-            assert tenancy.authenticate_user_key(store, tenancy.stored_key(store.settings, store.prefix,
-                                                                           "sarah").encoded) == "sarah"
+            assert tenancy.authenticate_user_key(store, tenancy.stored_key(store, "sarah").encoded) == "sarah"
             assert [h.text for h in recall(store, "sarah", "what is my hub called?", k=3).hits][0] == \
                 "My hub is called Kestrel"
         finally:

@@ -1,14 +1,12 @@
 """Tenant isolation against the real cluster (issue 5): per-user DLS keys, the code filter, the leak sweep.
 
 Every test gets its own prefix (the `store` fixture) and its own secrets folder, so the
-real `.atlas/users.json` is never touched; every API key made for the prefix is
+real Atlas home is never touched; every API key made for the prefix is
 invalidated at the end.
 """
 
 from __future__ import annotations
 
-import json
-import stat
 import time
 import warnings
 from dataclasses import replace
@@ -28,8 +26,8 @@ from atlas.core.supersession import history
 from atlas.research import leaks
 from atlas.research.leaks import leak_sweep
 from atlas.security import tenancy, tokens
+from atlas.security.credentials import credentials_name
 from atlas.security.privacy import erase_user
-from atlas.security.secrets import read_secret, users_path
 from atlas.security.tenancy import (
     UnrestrictedReadWarning,
     authenticate_user_key,
@@ -96,19 +94,20 @@ def test_crafted_user_ids_refused(tstore):
                         lambda u: create_user_key(tstore, u), tstore.read_client):
             with pytest.raises(ValidationError, match="invalid"):
                 attempt(bad)
-    assert not users_path(tstore.settings).exists()
+    assert list_user_keys(tstore) == []
     query = {"term": {"metadata.atlas_prefix": tstore.prefix}}
     assert tstore.es.security.query_api_keys(query=query)["api_keys"] == []
 
 
 def test_create_stores_key_with_metadata_and_role(tstore):
+    """The key is stored in the prefix's credentials index, which the key itself (any user's) may not read."""
     key = create_user_key(tstore, "alice", expiration="1d")
-    path = users_path(tstore.settings)
-    assert path.parent.parent == tstore.settings.home
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    assert read_secret(path)[tstore.prefix]["alice"]["encoded"] == key.encoded
+    credentials = credentials_name(tstore.prefix)
+    assert tstore.es.get(index=credentials, id="key-alice")["_source"]["encoded"] == key.encoded
     assert key.encoded not in repr(key)
-    assert [(k.user_id, k.id, k.state()) for k in list_user_keys(tstore.settings)] == [("alice", key.id, "active")]
+    assert [(k.user_id, k.id, k.state()) for k in list_user_keys(tstore)] == [("alice", key.id, "active")]
+    with pytest.raises(AuthorizationException):
+        user_client(tstore.es, "alice", key.encoded).search(index=credentials)
     info = tstore.es.security.get_api_key(id=key.id, owner=True)["api_keys"][0]
     assert info["metadata"] == {"atlas_user_id": "alice", "atlas_prefix": tstore.prefix}
     assert tenancy.canonical_roles(info["role_descriptors"]) == \
@@ -126,12 +125,12 @@ def test_create_stores_key_with_metadata_and_role(tstore):
 def test_reads_go_through_user_keys_by_default_and_first_write_provisions(tstore):
     assert isinstance(tstore.reader, tenancy.KeyReader)
     write_memory(tstore, "alice", "My hub is in the attic", fact_type="home")
-    key = tenancy.stored_key(tstore.settings, tstore.prefix, "alice")
+    key = tenancy.stored_key(tstore, "alice")
     assert authenticate_user_key(tstore, key.encoded) == "alice"
     assert tstore.read_client("alice") is not tstore.es
     tenancy.revoke_user_key(tstore, "alice")
     write_memory(tstore, "alice", "My hub is in the loft now", fact_type="home")
-    assert tenancy.stored_key(tstore.settings, tstore.prefix, "alice").state() == "revoked", \
+    assert tenancy.stored_key(tstore, "alice").state() == "revoked", \
         "a write must not undo a revocation"
     with pytest.raises(AuthError, match="rotate"):
         recall(tstore, "alice", "where is my hub")
@@ -144,7 +143,7 @@ def test_drop_invalidates_the_prefix_keys(es, tmp_path):
     store.drop()
     query = live_prefix_keys_query(store.prefix)
     assert es.security.query_api_keys(query=query)["api_keys"] == []
-    assert store.prefix not in (read_secret(users_path(store.settings)) or {})
+    assert not es.indices.exists(index=credentials_name(store.prefix))
 
 
 def test_unknown_user_has_no_reader(tstore):
@@ -300,7 +299,7 @@ def test_revoked_rotated_and_expired_keys(tstore, pair):
     with pytest.raises(AuthError, match="run `atlas users rotate alice`"):
         recall(tstore, "alice", "my dog")
     # Rotating bob's key invalidates the old one at once.
-    bob_old = tenancy.stored_key(tstore.settings, tstore.prefix, "bob")
+    bob_old = tenancy.stored_key(tstore, "bob")
     rotate_user_key(tstore, "bob", expiration="1s")
     with pytest.raises(AuthError):
         authenticate_user_key(tstore, bob_old.encoded)
@@ -308,7 +307,7 @@ def test_revoked_rotated_and_expired_keys(tstore, pair):
     with pytest.raises(AuthError, match="bob was revoked or expired"):
         recall(tstore, "bob", "my dog")
     with pytest.raises(AuthError):
-        authenticate_user_key(tstore, tenancy.stored_key(tstore.settings, tstore.prefix, "bob").encoded)
+        authenticate_user_key(tstore, tenancy.stored_key(tstore, "bob").encoded)
 
 
 def test_keys_that_are_not_atlas_user_keys_are_refused(tstore, pair):
@@ -322,9 +321,9 @@ def test_keys_that_are_not_atlas_user_keys_are_refused(tstore, pair):
     assert not report.restricted and "no role descriptors" in report.reasons[0]
     with pytest.raises(AuthError, match="not an Atlas user key"):
         authenticate_user_key(tstore, admin["encoded"])
-    planted = replace(tenancy.stored_key(tstore.settings, tstore.prefix, "alice"), user_id="mallory",
+    planted = replace(tenancy.stored_key(tstore, "alice"), user_id="mallory",
                       id=admin["id"], encoded=admin["encoded"])
-    tenancy._save(tstore.settings, planted)
+    tenancy._save(tstore, planted)
     with pytest.warns(UnrestrictedReadWarning, match="mallory"), pytest.raises(AuthError, match="belongs to None"):
         recall(tstore, "mallory", "my dog")
     with warnings.catch_warnings():
@@ -394,19 +393,19 @@ def test_leak_sweep_needs_two_tenants_and_known_configurations(tstore):
 def test_cli_users_lifecycle(tstore, runner):
     created = runner.invoke(app, ["users", "create", "alice", "--expiration", "30d", "--prefix", tstore.prefix])
     assert created.exit_code == 0, created.output
-    key = tenancy.stored_key(tstore.settings, tstore.prefix, "alice")
+    key = tenancy.stored_key(tstore, "alice")
     assert key.expiration == "30d" and key.encoded not in created.output  # the key never leaves the server
-    [token] = tokens.list_tokens(tstore.settings, prefix=tstore.prefix)
+    [token] = tokens.list_tokens(tstore)
     assert token.id in created.output and token.user_id == "alice" and token.state() == "active"
-    listed = runner.invoke(app, ["users", "list"])
+    listed = runner.invoke(app, ["users", "list", "--prefix", tstore.prefix])
     assert "alice" in listed.output and "active" in listed.output and key.encoded not in listed.output
     assert key.id in listed.output and token.id in listed.output
     rotated = runner.invoke(app, ["users", "rotate", "alice", "--prefix", tstore.prefix])
-    new = tenancy.stored_key(tstore.settings, tstore.prefix, "alice")
+    new = tenancy.stored_key(tstore, "alice")
     assert rotated.exit_code == 0 and new.id != key.id and new.encoded not in rotated.output
     revoked = runner.invoke(app, ["users", "revoke", "alice", "--prefix", tstore.prefix])
     assert revoked.exit_code == 0 and "1 live key(s)" in revoked.output and "1 token(s)" in revoked.output
     assert "revoked" in runner.invoke(app, ["users", "list", "--prefix", tstore.prefix]).output
     failed = runner.invoke(app, ["users", "create", "a OR b", "--prefix", tstore.prefix])
     assert failed.exit_code == 1 and "invalid" in failed.output
-    assert json.loads(users_path(tstore.settings).read_text())[tstore.prefix]["alice"]["revoked_at"]
+    assert tenancy.stored_key(tstore, "alice").revoked_at

@@ -4,18 +4,22 @@ Each test is one attack of the issue, or a property the fix must keep: a tenant 
 Elasticsearch credential (its DLS key leaks term statistics), keys are believed only when Atlas's
 service principal made them and registered them, revoke kills every key and token of the user,
 bad tokens are throttled, /info ignores the Host header, MCP errors never name the cluster, and
-concurrent tenants stay apart. Secrets live in tmp_path; the prefix's keys die with the store.
+concurrent tenants stay apart. Keys and tokens live in the prefix's credentials index and die with the store.
 """
 
 from __future__ import annotations
 
-import shutil
+import os
+import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timedelta
 from functools import partial
+from pathlib import Path
 
 import anyio
 import httpx
@@ -24,6 +28,7 @@ from elasticsearch import AuthenticationException, AuthorizationException
 
 from atlas import constants as C
 from atlas.cli import app
+from atlas.config import load_settings
 from atlas.core.clock import utcnow
 from atlas.core.errors import AuthError, NotFound
 from atlas.core.memory import write_memory
@@ -31,12 +36,13 @@ from atlas.core.schemas import index_name
 from atlas.core.store import Store
 from atlas.security import tenancy, tokens
 from atlas.security.connection import AtlasClient
+from atlas.security.credentials import credentials_name
 from atlas.security.privacy import erase_user
-from atlas.security.secrets import read_secret, tokens_path, users_path
+from atlas.security.secrets import read_secret
 from atlas.security.tenancy import authenticate_user_key, build_role_descriptor, create_user_key, revoke_user_key
 from atlas.serve import mcp_server
-from atlas.serve.mcp_server import BackgroundServer, call_remote, create_app
-from tests.test_mcp import run
+from atlas.serve.mcp_server import BackgroundServer, call_remote, create_app, mcp_url
+from tests.test_mcp import leaves, run
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
 ACCEPT = {"Accept": "application/json, text/event-stream"}
@@ -77,7 +83,7 @@ def server(tstore, issued, clocks, monkeypatch) -> Iterator[BackgroundServer]:
         yield background
 
 
-def post(server: BackgroundServer, user: str, token: str | None, **headers: str) -> httpx.Response:
+def post(server: BackgroundServer | ServerElsewhere, user: str, token: str | None, **headers: str) -> httpx.Response:
     auth = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.post(server.url(user), json=INIT, headers={**ACCEPT, **auth, **headers})
 
@@ -115,8 +121,7 @@ def test_a_dls_key_may_not_read_term_statistics_and_its_scores_count_nothing(tst
     for i in range(3):
         write_memory(tstore, "bob", f"Bob's secret project zanzibar, note {i}", fact_type="person")
     write_memory(tstore, "alice", "My dog Biscuit has a zanzibar-blue collar", fact_type="person")
-    alice_key = tenancy.user_client(tstore.es, "alice", tenancy.stored_key(tstore.settings, tstore.prefix,
-                                                                           "alice").encoded)
+    alice_key = tenancy.user_client(tstore.es, "alice", tenancy.stored_key(tstore, "alice").encoded)
     semantic = index_name(tstore.prefix, "semantic")
     with pytest.raises(AuthorizationException, match="indices:data/read/tv"):
         alice_key.termvectors(index=semantic, doc={"text": "zanzibar"}, fields=["text"], term_statistics=True)
@@ -129,33 +134,33 @@ def test_a_dls_key_may_not_read_term_statistics_and_its_scores_count_nothing(tst
         tstore.es.options(api_key=issued.secret).security.authenticate()
     with pytest.raises(AuthenticationException):
         tstore.es.options(bearer_auth=issued.secret).security.authenticate()
-    stored = read_secret(tokens_path(tstore.settings))[tstore.prefix][issued.token.id]
+    stored = tstore.es.get(index=credentials_name(tstore.prefix), id=issued.token.id)["_source"]
     assert issued.secret not in str(stored) and len(stored["sha256"]) == 64
 
 
 def test_cli_shows_a_token_once_never_the_key(tstore, runner):
     created = runner.invoke(app, ["users", "create", "alice", "--prefix", tstore.prefix])
     assert created.exit_code == 0, created.output
-    key = tenancy.stored_key(tstore.settings, tstore.prefix, "alice")
+    key = tenancy.stored_key(tstore, "alice")
     assert key.encoded not in created.output
     [token] = [w for w in created.output.split() if w.startswith(C.TOKEN_PREFIX)]
-    assert tokens.TokenVerifier(tstore.settings, tstore.prefix).verify(token) == "alice"
+    assert tokens.TokenVerifier(tstore.es, tstore.prefix).verify(token) == "alice"
     listed = runner.invoke(app, ["users", "list", "--prefix", tstore.prefix]).output
     assert "alice" in listed and token not in listed and key.encoded not in listed
     rotated = runner.invoke(app, ["users", "rotate", "alice", "--prefix", tstore.prefix])
     [new] = [w for w in rotated.output.split() if w.startswith(C.TOKEN_PREFIX)]
-    verifier = tokens.TokenVerifier(tstore.settings, tstore.prefix)
+    verifier = tokens.TokenVerifier(tstore.es, tstore.prefix)
     assert verifier.verify(new) == "alice"
     with pytest.raises(AuthError, match="revoked"):
         verifier.verify(token)
     assert runner.invoke(app, ["users", "revoke", "alice", "--prefix", tstore.prefix]).exit_code == 0
     with pytest.raises(AuthError, match="revoked"):
-        tokens.TokenVerifier(tstore.settings, tstore.prefix).verify(new)
+        tokens.TokenVerifier(tstore.es, tstore.prefix).verify(new)
     assert live_keys(tstore, "alice") == []
 
 
 def test_mcp_refuses_raw_keys_and_forged_expired_revoked_rotated_tokens(tstore, issued, server, clocks):
-    sarah_key = tenancy.stored_key(tstore.settings, tstore.prefix, "sarah").encoded
+    sarah_key = tenancy.stored_key(tstore, "sarah").encoded
     assert post(server, "sarah", issued["sarah"].secret).status_code == 200
     assert post(server, "sarah", sarah_key).status_code == 401, "a raw Elasticsearch key is not a bearer any more"
     forged = C.TOKEN_PREFIX + issued["sarah"].secret[len(C.TOKEN_PREFIX):][::-1]
@@ -176,7 +181,7 @@ def test_mcp_refuses_raw_keys_and_forged_expired_revoked_rotated_tokens(tstore, 
 def test_expired_token_is_refused(tstore, clocks):
     tokens.create_user(tstore, "alice")
     short = tokens.issue_token(tstore, "alice", expiration="1s")
-    verifier = tokens.TokenVerifier(tstore.settings, tstore.prefix, clock=clocks.monotonic, now=clocks.now)
+    verifier = tokens.TokenVerifier(tstore.es, tstore.prefix, clock=clocks.monotonic, now=clocks.now)
     assert verifier.verify(short.secret) == "alice"
     clocks.advance(1.2)
     with pytest.raises(AuthError, match="expired"):
@@ -214,66 +219,147 @@ def test_a_key_minted_by_another_principal_is_not_believed(tstore, own_key_user)
     assert response.status_code == 401
     tstore.es.indices.refresh(index=tstore.indices)
     assert tstore.es.count(index=tstore.indices, query={"term": {"user_id": "bob"}})["count"] == 1
-    registered = tenancy.stored_key(tstore.settings, tstore.prefix, "bob")
+    registered = tenancy.stored_key(tstore, "bob")
     assert authenticate_user_key(tstore, registered.encoded) == "bob"
 
 
 # --- 3. revoke kills every key and token of the user --------------------------------------------------
 
 
-def test_revoke_kills_keys_minted_elsewhere(tstore, tmp_path):
+def mint_elsewhere(store: Store, user_id: str) -> str:
+    """A live key for the user that the credentials index does not hold (made by hand, by an older Atlas, or by a
+    server that lost a race): revoke must find it all the same."""
+    body = tenancy.build_create_key_body(store.prefix, user_id)
+    return store.es.security.create_api_key(**body, refresh=True)["id"]
+
+
+def test_revoke_kills_keys_minted_elsewhere(tstore):
     create_user_key(tstore, "alice")
-    other_server = tenancy.KeyScope(tstore.es, tstore.prefix, replace(tstore.settings, home=tmp_path / "other"))
-    tenancy.ensure_user_key(other_server, "alice")  # a server without alice in its file, on her first write
+    mint_elsewhere(tstore, "alice")
     assert len(live_keys(tstore, "alice")) == 2
     revoke_user_key(tstore, "alice")
-    assert live_keys(tstore, "alice") == [], "a key minted by another server survived revoke"
+    assert live_keys(tstore, "alice") == [], "a key minted elsewhere survived revoke"
     tokens.create_user(tstore, "bob")
     tokens.issue_token(tstore, "bob")
-    create_user_key(tenancy.KeyScope(tstore.es, tstore.prefix, replace(tstore.settings, home=tmp_path / "3")), "bob")
+    mint_elsewhere(tstore, "bob")
     revocation = tokens.revoke_user(tstore, "bob")
     assert len(revocation.key_ids) == 2 and len(revocation.token_ids) == 2
     assert live_keys(tstore, "bob") == []
-    assert all(t.state() == "revoked" for t in tokens.list_tokens(tstore.settings, prefix=tstore.prefix)
-               if t.user_id == "bob")
+    assert all(t.state() == "revoked" for t in tokens.list_tokens(tstore) if t.user_id == "bob")
     with pytest.raises(NotFound):
         tokens.revoke_user(tstore, "nobody")
+
+
+def test_a_user_provisioned_by_two_servers_at_once_keeps_one_key(tstore):
+    """Two servers that both find no key for a user each mint one; the first stored wins, the other is invalidated."""
+    first = tenancy._issue(tstore, "carol", None, first=True)
+    second = tenancy._issue(tstore, "carol", None, first=True)  # a server that had not seen the first one's key
+    assert second == first and live_keys(tstore, "carol") == [first.id]
 
 
 # --- revocation and erase reach every server at once -------------------------------------------------------
 
 
-def write_through(server: BackgroundServer, user: str, token: str, text: str) -> str:
-    """What a tenant's `write_memory` through `server` answered: "ok", or the error's kind."""
-    result = run(call_remote, server.url(user), token, "write_memory", {"text": text, "memory_type": "semantic"})
+def write_through(server: BackgroundServer | ServerElsewhere, user: str, token: str, text: str) -> str:
+    """What a tenant's `write_memory` through `server` answered: "ok", the error's kind, or "401" when the server
+    refused the token before any tool ran."""
+    try:
+        result = run(call_remote, server.url(user), token, "write_memory", {"text": text, "memory_type": "semantic"})
+    except Exception as exc:
+        if any(str(leaf).startswith("401") for leaf in leaves(exc)):
+            return "401"
+        raise
     return result.content[0].text.split(":")[0] if result.is_error else "ok"
 
 
-def test_a_user_revoked_through_one_server_cannot_write_through_another(tstore, issued, tmp_path):
-    """Two servers on one cluster, each with its own copy of the secrets files (how Atlas scales out): a revoke on
-    one of them stops the user's writes through the other at once, not when that server's files change."""
-    other = replace(tstore, settings=replace(tstore.settings, home=tmp_path / "other"))
-    for path in (users_path, tokens_path):
-        path(other.settings).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(path(tstore.settings), path(other.settings))
-    with BackgroundServer(create_app(other)) as second:
-        secret = issued["sarah"].secret
+class ServerElsewhere:
+    """`atlas serve` in another process, as on a second machine: its Atlas home is empty (no file of the first
+    server's), and it shares only the cluster, the service credential and the models (`.cache`, symlinked)."""
+
+    def __init__(self, store: Store, home: Path) -> None:
+        (home / ".atlas").mkdir(parents=True)
+        (home / ".cache").symlink_to(load_settings().cache_dir)
+        env = {**os.environ, "ATLAS_HOME": str(home)}
+        if (real := load_settings()).local:
+            creds = read_secret(real.service_credentials_path) or {}
+            env |= {"ES_URL": creds["url"], "ES_USERNAME": creds["username"], "ES_PASSWORD": creds["password"]}
+        with socket.socket() as probe:
+            probe.bind((C.MCP_HOST, 0))
+            self.port = probe.getsockname()[1]
+        self.log = (home / "serve.log").open("w")
+        self.process = subprocess.Popen([str(Path(sys.executable).parent / "atlas"), "serve", "--port", str(self.port),
+                                         "--prefix", store.prefix], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.home = home
+        deadline = time.monotonic() + 180
+        while not self.ready():
+            assert self.process.poll() is None, (home / "serve.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "the second server did not answer within 180 s"
+            time.sleep(0.5)
+
+    def ready(self) -> bool:
+        try:
+            return httpx.get(self.url("probe") + "/info").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def url(self, user_id: str) -> str:
+        return mcp_url(f"http://{C.MCP_HOST}:{self.port}", user_id)
+
+    def __enter__(self) -> ServerElsewhere:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+        self.log.close()
+
+
+def recall_through(server: BackgroundServer | ServerElsewhere, user: str, token: str, query: str) -> str:
+    """The texts a tenant's `recall_memory` through `server` returned, or the error's kind."""
+    result = run(call_remote, server.url(user), token, "recall_memory", {"query": query})
+    return result.content[0].text.split(":")[0] if result.is_error else result.content[0].text
+
+
+def test_two_servers_share_tokens_keys_and_revocations_through_the_cluster(tstore, issued, tmp_path):
+    """Issue 36, item 2: two MCP servers in front of one cluster, on machines that share no file. Before, each
+    server kept tokens and keys in its own `.atlas/*.json`, so the second refused the first's token (401, "this
+    token is unknown"), and an operator had to copy the files, revocations included, by hand. Tokens and keys
+    live in the cluster now: a token issued through either works on both, a revoke through one stops reads and
+    writes through the other at once (the key is dead in the cluster) and its token within
+    `C.TOKEN_CACHE_SECONDS`, and the revoking server refuses the token at once."""
+    secret = issued["sarah"].secret
+    with BackgroundServer(create_app(tstore)) as first, ServerElsewhere(tstore, tmp_path / "other") as second:
+        assert post(second, "sarah", secret).status_code == 200, "the second server refused the first's token"
         assert write_through(second, "sarah", secret, "Sarah's hub is called Beacon") == "ok"
-        tokens.revoke_user(tstore, "sarah")  # on the first server's machine
-        assert write_through(second, "sarah", secret, "written after the revocation") == "AuthError", \
-            "a user revoked through one server wrote through another"
-    assert [d["text"] for d in semantic_docs(tstore, "sarah")] == ["Sarah's hub is called Beacon"]
+        assert "Beacon" in recall_through(first, "sarah", secret, "what is my hub called?")
+        tokens.revoke_user(tstore, "sarah")  # through the first server's operator
+        revoked = time.monotonic()
+        assert post(first, "sarah", secret).status_code == 401, "the revoking server's cache still held the token"
+        assert write_through(second, "sarah", secret, "written after the revocation") == "AuthError"
+        assert recall_through(second, "sarah", secret, "what is my hub called?") == "AuthError"
+        while post(second, "sarah", secret).status_code != 401:
+            assert time.monotonic() - revoked < C.TOKEN_CACHE_SECONDS + 5, "the second server kept the token"
+            time.sleep(0.5)
+        again = tokens.rotate_user(tstore, "sarah")  # a new token is known to the other server within the bound too
+        rotated = time.monotonic()
+        while (answer := write_through(second, "sarah", again.secret, "Sarah's hub moved to the loft")) == "401":
+            assert time.monotonic() - rotated < C.TOKEN_CACHE_SECONDS + 5, "the second server never took the token"
+            time.sleep(1.5)  # a few failures only: ten in a minute would throttle this address
+        assert answer == "ok"
+    assert sorted(d["text"] for d in semantic_docs(tstore, "sarah")) == \
+        ["Sarah's hub is called Beacon", "Sarah's hub moved to the loft"]
 
 
 def test_an_erased_user_cannot_write_within_the_token_cache(tstore, issued, server, clocks):
-    """After `erase_user` returns, the erased user's token writes nothing, though the server's token cache
-    (`C.TOKEN_CACHE_SECONDS`) still holds it: the write is checked against the user's live key."""
+    """After `erase_user` returns, the erased user's token writes nothing: the erasing process's verifiers forget
+    their cache at once (401), and another server's cache (`C.TOKEN_CACHE_SECONDS`) is met by the live-key check
+    (`test_two_servers_share_tokens_keys_and_revocations_through_the_cluster`)."""
     secret = issued["sarah"].secret
     assert write_through(server, "sarah", secret, "Sarah's hub is called Beacon") == "ok"
     started = time.monotonic()
     erase_user(tstore, "sarah")
     clocks.advance(started - time.monotonic())  # the erasure's merge waits ~30 s: the verifier sees none of it
-    assert write_through(server, "sarah", secret, "written after the erase") == "AuthError", \
+    assert write_through(server, "sarah", secret, "written after the erase") == "401", \
         "an erased user's token wrote within the verifier's cache"
     assert semantic_docs(tstore, "sarah") == []
 
@@ -316,8 +402,14 @@ def test_info_ignores_the_host_header(tstore):
     assert info["url"] == "https://atlas.example.com/api/atlas/mcp/sarah"
 
 
-def test_mcp_errors_do_not_name_the_cluster(tstore, issued):
+def test_mcp_errors_do_not_name_the_cluster(tstore, issued, monkeypatch):
+    """A cluster that does not answer: the guard, which reads the tokens from it, says 503; a tool whose token was
+    checked before the cluster went (here: tokens read from the live one) says ConnectionFailed. Neither names it."""
     dead = replace(tstore, es=AtlasClient(hosts=["http://127.0.0.1:9"], request_timeout=2, max_retries=0))
+    with BackgroundServer(create_app(dead)) as server:
+        refused = post(server, "sarah", issued["sarah"].secret)
+    assert refused.status_code == 503 and "127.0.0.1:9" not in refused.text and "http://" not in refused.text
+    monkeypatch.setattr(mcp_server, "TokenVerifier", lambda es, prefix: tokens.TokenVerifier(tstore.es, prefix))
     with BackgroundServer(create_app(dead)) as server:
         result = run(call_remote, server.url("sarah"), issued["sarah"].secret, "recall_memory", {"query": "hub"})
     text = result.content[0].text

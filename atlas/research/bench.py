@@ -316,7 +316,7 @@ def measure_token_check(store: Store, users: Sequence[str], checks: int, rng: ra
     issued = [issue_token(store, user).secret for user in users]
     out: dict = {"tokens": len(issued), "revocation_bound_s": C.TOKEN_CACHE_SECONDS}
     for name, ttl in (("cached", C.TOKEN_CACHE_SECONDS), ("no cache", 0.0)):
-        verifier = TokenVerifier(store.settings, store.prefix, ttl=ttl)
+        verifier = TokenVerifier(store.es, store.prefix, ttl=ttl)
         verifier.verify(issued[0])
         out[name] = latency_stats([timed(partial(verifier.verify, rng.choice(issued))) for _ in range(checks)])
     return out

@@ -6,8 +6,8 @@ the shared catalog (the catalog index's documents without `user_id`). Writes kee
 credential (a DLS key may not use the update API); `documents.prove_ownership` first proves
 ownership with a read through the user's key. The same clause in every recall query
 (`recall.build_filters`) is the second guard, and `warn_if_unrestricted` says loudly when it
-is the only one.
-See docs/security.md.
+is the only one. Keys are stored in the cluster (`atlas.security.credentials`), so every server in front of it
+reads through the same key. See docs/security.md.
 """
 
 from __future__ import annotations
@@ -15,14 +15,16 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 from typing import Any, Protocol
 
 from elasticsearch import AuthenticationException, AuthorizationException, Elasticsearch, NotFoundError
+from elasticsearch import ConflictError as StoredMeanwhile
 
 from atlas import constants as C
 from atlas.config import Settings, load_settings
@@ -32,7 +34,14 @@ from atlas.core.schemas import all_indices, build_owner_filter, check_prefix
 from atlas.core.store import Store
 from atlas.core.validation import USER_ID_PATTERN, check_user
 from atlas.security.connection import AtlasClient, connect
-from atlas.security.secrets import read_secret, tokens_path, update_secret, users_path
+from atlas.security.credentials import (
+    drop_credentials,
+    find_credentials,
+    get_credential,
+    key_doc_id,
+    put_credential,
+    writes,
+)
 
 #: What `create_api_key` accepts that an operator would type: 30d, 12h, 90m, 45s.
 EXPIRATION_PATTERN = re.compile(r"^[1-9][0-9]{0,5}[dhms]$")
@@ -110,12 +119,12 @@ def build_create_key_body(prefix: str, user_id: str, *, expiration: str | None =
     return body
 
 
-# --- the secrets file --------------------------------------------------------------------
+# --- the stored keys (atlas.security.credentials) ------------------------------------------
 
 
 @dataclass(frozen=True)
 class UserKey:
-    """One user's read key as kept in the secrets file; `encoded` is the secret.
+    """One user's read key as kept in the credentials index; `encoded` is the secret.
 
     Times are wall-clock (key lifetimes are real time, whatever clock the store runs on).
     """
@@ -145,21 +154,24 @@ def lifetime_state(*, revoked_at: str | None, expires_at: str | None, now: datet
 
 
 def _record(key: UserKey) -> dict:
-    return {k: v for k, v in asdict(key).items() if k not in ("user_id", "prefix")}
+    """The key's document: the API key's own id is `key_id` (`id` names the document)."""
+    fields = {k: v for k, v in asdict(key).items() if k not in ("prefix", "id")}
+    return {"kind": "key", "key_id": key.id, **fields}
 
 
-def _save(settings: Settings, key: UserKey) -> None:
-    def put(data: dict) -> None:
-        data.setdefault(key.prefix, {})[key.user_id] = _record(key)
-
-    update_secret(users_path(settings), put)
+def _key(prefix: str, record: dict) -> UserKey:
+    fields = {k: v for k, v in record.items() if k not in ("kind", "id", "key_id")}
+    return UserKey(prefix=prefix, id=record["key_id"], **fields)
 
 
-def list_user_keys(settings: Settings, *, prefix: str | None = None) -> list[UserKey]:
-    """Every stored key (of one prefix, when given), by prefix then user."""
-    data = read_secret(users_path(settings)) or {}
-    return [UserKey(user, p, **record) for p, users in sorted(data.items()) if prefix in (None, p)
-            for user, record in sorted(users.items())]
+def _save(scope: Scope, key: UserKey, *, create: bool = False) -> None:
+    put_credential(scope.es, key.prefix, key_doc_id(key.user_id), _record(key), create=create)
+
+
+def list_user_keys(scope: Scope) -> list[UserKey]:
+    """Every stored key of the prefix, by user."""
+    return [_key(scope.prefix, record) for record in find_credentials(scope.es, scope.prefix,
+                                                                       {"term": {"kind": "key"}})]
 
 
 def unknown_user(user_id: str, prefix: str, settings: Settings) -> NotFound:
@@ -171,19 +183,20 @@ def revoked(user_id: str) -> AuthError:
     return AuthError(f"key for user {user_id} was revoked or expired: run `atlas users rotate {user_id}`")
 
 
-def stored_key(settings: Settings, prefix: str, user_id: str) -> UserKey:
-    check_user(user_id)
-    record = (read_secret(users_path(settings)) or {}).get(prefix, {}).get(user_id)
+def stored_key(scope: Scope, user_id: str) -> UserKey:
+    """The user's key as every server sees it (a realtime `GET` of the credentials index)."""
+    record = get_credential(scope.es, scope.prefix, key_doc_id(check_user(user_id)))
     if record is None:
-        raise unknown_user(user_id, prefix, settings)
-    return UserKey(user_id, prefix, **record)
+        raise unknown_user(user_id, scope.prefix, scope.settings)
+    return _key(scope.prefix, record)
 
 
 # --- key lifecycle -----------------------------------------------------------------------
 
 
-def _issue(scope: Scope, user_id: str, expiration: str | None) -> UserKey:
-    """Create the key in the cluster and store it."""
+def _issue(scope: Scope, user_id: str, expiration: str | None, *, first: bool = False) -> UserKey:
+    """Create the key in the cluster and store it. The `first` key of a user is stored only if no server stored
+    one meanwhile; if one did, the new key is invalidated and the stored one returned."""
     body = build_create_key_body(scope.prefix, user_id, expiration=expiration)
     try:
         # refresh=true: the key is usable at once, without waiting for the next security-index refresh (~1 s).
@@ -194,7 +207,11 @@ def _issue(scope: Scope, user_id: str, expiration: str | None) -> UserKey:
     expires = resp.get("expiration")
     key = UserKey(user_id, scope.prefix, resp["id"], resp["name"], resp["encoded"], es_date(utcnow()), expiration,
                   es_date(datetime.fromtimestamp(expires / 1000, tz=UTC)) if expires else None)
-    _save(scope.settings, key)
+    try:
+        _save(scope, key, create=first)
+    except StoredMeanwhile:
+        scope.es.security.invalidate_api_key(ids=[key.id], owner=True)
+        return stored_key(scope, user_id)
     return key
 
 
@@ -204,18 +221,18 @@ def create_user_key(scope: Scope, user_id: str, *, expiration: str | None = None
     if expiration is not None:
         check_expiration(expiration)
     try:
-        current = stored_key(scope.settings, scope.prefix, user_id)
+        current = stored_key(scope, user_id)
     except NotFound:
         current = None
     if current is not None and current.state() == "active":
         raise ValidationError(f"user {user_id} already has an active key ({current.id}): "
                               f"run `atlas users rotate {user_id}` for a new one")
-    return _issue(scope, user_id, expiration)
+    return _issue(scope, user_id, expiration, first=current is None)
 
 
 def rotate_user_key(scope: Scope, user_id: str, *, expiration: str | None = None) -> UserKey:
     """Replace the user's key: the new one is stored before every other key of the user is invalidated."""
-    old = stored_key(scope.settings, scope.prefix, user_id)
+    old = stored_key(scope, user_id)
     new = _issue(scope, user_id, expiration or old.expiration)
     invalidate_user_keys(scope, user_id, keep=new.id)
     return new
@@ -223,11 +240,11 @@ def rotate_user_key(scope: Scope, user_id: str, *, expiration: str | None = None
 
 def revoke_user_key(scope: Scope, user_id: str) -> UserKey:
     """Invalidate every key of the user in the prefix, not only the stored one (another server may have
-    minted its own); the stored one stays in the file, marked, so that reads say what happened."""
-    key = stored_key(scope.settings, scope.prefix, user_id)
+    minted its own); the stored one stays, marked, so that reads say what happened."""
+    key = stored_key(scope, user_id)
     invalidate_user_keys(scope, user_id)
     key = replace(key, revoked_at=es_date(utcnow()))
-    _save(scope.settings, key)
+    _save(scope, key)
     return key
 
 
@@ -283,18 +300,30 @@ def user_client(es: Elasticsearch, user_id: str, api_key: str) -> UserClient:
 class KeyReader:
     """`store.reader` after `enable_tenancy`: each user reads through their own stored key.
 
-    The secrets file is read on every call, so a rotation or revocation (also by another
-    process) takes effect at once; clients are cached per key. A key is checked once, when its
+    The stored key is read again (a realtime `GET`) once it is `C.TOKEN_CACHE_SECONDS` old, or at once after this
+    process changed the prefix's credentials; clients are cached per key. A revocation through any server stops
+    reads at once all the same (the cluster refuses the key); a rotation through another server leaves this one
+    reading with the old key, refused, for at most that long. A key is checked once, when its
     client is made: a key with an older Atlas role is replaced first (`upgrade_user_key`), then the
     credential is inspected and must belong to the user.
     """
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, store: Store, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.store, self.clock = store, clock
         self.clients: dict[str, tuple[str, UserClient]] = {}
+        self.keys: dict[str, tuple[float, int, UserKey]] = {}
+
+    def stored(self, user_id: str) -> UserKey:
+        """The user's stored key, as read at most `C.TOKEN_CACHE_SECONDS` ago and after this process's last change."""
+        cached, seen = self.keys.get(user_id), writes(self.store.prefix)
+        if cached is not None and cached[1] == seen and self.clock() - cached[0] < C.TOKEN_CACHE_SECONDS:
+            return cached[2]
+        key = stored_key(self.store, user_id)
+        self.keys[user_id] = (self.clock(), seen, key)
+        return key
 
     def __call__(self, user_id: str) -> Elasticsearch:
-        key = stored_key(self.store.settings, self.store.prefix, user_id)
+        key = self.stored(user_id)
         if key.state() != "active":
             raise revoked(user_id)
         cached = self.clients.get(user_id)
@@ -312,7 +341,7 @@ class KeyReader:
     def check_live(self, user_id: str) -> None:
         """Ask the cluster, now, whether the user's key still authenticates; `AuthError` if it was revoked,
         rotated away or erased by any server. Writes go out with the service credential: they are checked here
-        first, so that no server's copy of the secrets files lets a revoked user write."""
+        first, so that no server's cached token lets a revoked user write."""
         self(user_id).security.authenticate()
 
 
@@ -343,7 +372,7 @@ def upgrade_user_key(scope: Scope, key: UserKey) -> UserKey:
     if info.get("invalidated") or not made_by_atlas or canonical_roles(roles) == canonical_roles(expected):
         return key
     with _PROVISION_LOCK:
-        current = stored_key(scope.settings, scope.prefix, key.user_id)
+        current = stored_key(scope, key.user_id)
         return current if current.id != key.id else rotate_user_key(scope, key.user_id)
 
 
@@ -356,7 +385,7 @@ def ensure_user_key(scope: Scope, user_id: str, *, verify: bool = False) -> None
     """
     with _PROVISION_LOCK:
         try:
-            key = stored_key(scope.settings, scope.prefix, user_id)
+            key = stored_key(scope, user_id)
         except NotFound:
             create_user_key(scope, user_id)
             return
@@ -385,11 +414,10 @@ def live_prefix_keys_query(prefix: str) -> dict:
 
 
 def forget_prefix(store: Store) -> None:
-    """Invalidate every key made for the prefix (by the library, the CLI or a test) and drop them and the
-    prefix's tokens from their files (`Store.drop`)."""
+    """Invalidate every key made for the prefix (by the library, the CLI or a test) and drop the prefix's
+    credentials index, keys and tokens (`Store.drop`)."""
     _invalidate_all(store.es, live_prefix_keys_query(store.prefix))
-    for path in (users_path(store.settings), tokens_path(store.settings)):
-        update_secret(path, lambda data: data.pop(store.prefix, None))
+    drop_credentials(store.es, store.prefix)
 
 
 def authenticate_user_key(store: Scope, api_key: str) -> str:
@@ -400,7 +428,7 @@ def authenticate_user_key(store: Scope, api_key: str) -> str:
     The key must be an Atlas user key of this prefix carrying exactly Atlas's read role,
     so metadata on a key with wider privileges is not believed. Anyone with `manage_own_api_key`
     can mint a key that looks exactly like that, so the key must also have been created by the
-    service principal and be the key registered for that user in the secrets file.
+    service principal and be the key stored for that user in the credentials index.
     """
     client = store.es.options(api_key=api_key)
     try:
@@ -424,7 +452,7 @@ def authenticate_user_key(store: Scope, api_key: str) -> str:
         raise AuthError(f"this API key claims user {user} but was not created by Atlas's service credential: "
                         "it is not believed")
     try:
-        registered = stored_key(store.settings, store.prefix, user).id == info["id"]
+        registered = stored_key(store, user).id == info["id"]
     except NotFound:
         registered = False
     if not registered:

@@ -7,8 +7,9 @@ key never leaves the server. A tenant gets an opaque token (`atl_` + 256 random 
 once; the server keeps only its sha256, maps it to the user, and reads with the user's stored
 key itself. Elasticsearch does not know the token, so it is worthless against the cluster.
 
-Tokens live in the git-ignored `.atlas/tokens.json` ({prefix: {token_id: record}}), beside
-the keys of `atlas.security.tenancy`; `create_user`, `rotate_user` and `revoke_user` manage both
+Token records live in the prefix's credentials index (`atlas.security.credentials`), beside the
+keys of `atlas.security.tenancy`, so every server in front of the cluster accepts the same tokens
+and sees the same revocations; `create_user`, `rotate_user` and `revoke_user` manage both
 (`atlas users create|rotate|revoke`). See docs/security.md.
 """
 
@@ -22,12 +23,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
+from elasticsearch import Elasticsearch
+
 from atlas import constants as C
-from atlas.config import Settings
 from atlas.core.clock import es_date, utcnow
 from atlas.core.errors import AuthError, NotFound
 from atlas.core.validation import check_user
-from atlas.security.secrets import read_secret, tokens_path, update_secret
+from atlas.security.credentials import find_credentials, put_credential, update_credentials, writes
 from atlas.security.tenancy import (
     Scope,
     UserKey,
@@ -71,7 +73,7 @@ class Issued:
 
 @dataclass(frozen=True)
 class Revocation:
-    """What `revoke_user` killed: every key id found in the cluster, every token id in the file."""
+    """What `revoke_user` killed: every key id found in the cluster, every token id stored."""
 
     user_id: str
     prefix: str
@@ -91,43 +93,37 @@ def lifetime(expiration: str) -> timedelta:
 
 
 def _record(token: UserToken) -> dict:
-    return {k: v for k, v in asdict(token).items() if k not in ("id", "prefix")}
+    return {"kind": "token", **{k: v for k, v in asdict(token).items() if k not in ("id", "prefix")}}
 
 
-def list_tokens(settings: Settings, *, prefix: str | None = None) -> list[UserToken]:
-    """Every stored token (of one prefix, when given), by prefix, user, then creation."""
-    data = read_secret(tokens_path(settings)) or {}
-    found = [UserToken(prefix=p, id=token_id, **record) for p, records in data.items() if prefix in (None, p)
-             for token_id, record in records.items()]
-    return sorted(found, key=lambda t: (t.prefix, t.user_id, t.created_at, t.id))
+def _tokens(es: Elasticsearch, prefix: str, *filters: dict) -> list[UserToken]:
+    return [UserToken(prefix=prefix, **{k: v for k, v in record.items() if k != "kind"})
+            for record in find_credentials(es, prefix, {"term": {"kind": "token"}}, *filters)]
+
+
+def list_tokens(scope: Scope) -> list[UserToken]:
+    """Every stored token of the prefix, by user, then creation."""
+    return sorted(_tokens(scope.es, scope.prefix), key=lambda t: (t.user_id, t.created_at, t.id))
 
 
 def issue_token(scope: Scope, user_id: str, *, expiration: str = C.TOKEN_EXPIRATION) -> Issued:
     """A new token for a user who has a stored key (other tokens of the user stay valid)."""
-    stored_key(scope.settings, scope.prefix, user_id)  # NotFound, with the fix, for a user without a key
+    stored_key(scope, user_id)  # NotFound, with the fix, for a user without a key
     now = utcnow()
     secret = C.TOKEN_PREFIX + secrets.token_urlsafe(C.TOKEN_BYTES)
     token = UserToken(user_id, scope.prefix, f"tok_{secrets.token_hex(8)}", digest(secret), es_date(now),
                       es_date(now + lifetime(expiration)))
-    update_secret(tokens_path(scope.settings),
-                  lambda data: data.setdefault(scope.prefix, {}).__setitem__(token.id, _record(token)))
+    put_credential(scope.es, scope.prefix, token.id, _record(token), create=True)
     return Issued(token, secret)
 
 
 def revoke_tokens(scope: Scope, user_id: str) -> list[str]:
-    """Mark every live token of the user revoked; the ids of those that were live."""
-    check_user(user_id)
-    revoked: list[str] = []
-    stamp = es_date(utcnow())
-
-    def mark(data: dict) -> None:
-        for token_id, record in data.get(scope.prefix, {}).items():
-            if record["user_id"] == user_id and not record.get("revoked_at"):
-                record["revoked_at"] = stamp
-                revoked.append(token_id)
-
-    update_secret(tokens_path(scope.settings), mark)
-    return revoked
+    """Mark every live token of the user revoked, for every server; the ids of those that were live. This
+    process's verifiers forget their cache at once, another server's within `C.TOKEN_CACHE_SECONDS`."""
+    live = [t.id for t in _tokens(scope.es, scope.prefix, {"term": {"user_id": check_user(user_id)}})
+            if not t.revoked_at]
+    update_credentials(scope.es, scope.prefix, dict.fromkeys(live, {"revoked_at": es_date(utcnow())}))
+    return live
 
 
 def create_user(scope: Scope, user_id: str, *, expiration: str | None = None) -> Issued:
@@ -161,30 +157,31 @@ def revoke_user(scope: Scope, user_id: str) -> Revocation:
 
 
 class TokenVerifier:
-    """Whose token this is, from the token file alone: no cluster call, so a bad token costs nothing there.
+    """Whose token this is, from a cached table of the prefix's token hashes: a bad token costs no cluster call.
 
-    The file is cached in memory for `ttl` seconds (`C.TOKEN_CACHE_SECONDS`), then read again: a
-    token revoked or rotated by any process stops working within that bound; expiry is checked on
-    every call. Lookup is by the sha256 of the presented token, so its timing tells a caller only
-    about a hash they chose themselves, never about a stored one (no compare needs to be
-    constant-time). `clock` times the cache, `now` (wall clock) the expiry: tests move them on.
+    The table is read from the credentials index (every page of it) at most every `ttl` seconds
+    (`C.TOKEN_CACHE_SECONDS`): a token revoked or rotated by another server stops working within that
+    bound, one revoked or issued by this process at once (`credentials.writes`); expiry is checked on every call.
+    Lookup is by the sha256 of the presented token, so its timing tells a caller only about a hash they
+    chose themselves, never about a stored one (no compare needs to be constant-time). `clock` times the
+    cache, `now` (wall clock) the expiry: tests move them on.
     """
 
-    def __init__(self, settings: Settings, prefix: str, *, ttl: float = C.TOKEN_CACHE_SECONDS,
+    def __init__(self, es: Elasticsearch, prefix: str, *, ttl: float = C.TOKEN_CACHE_SECONDS,
                  clock: Callable[[], float] = time.monotonic, now: Callable[[], datetime] = utcnow) -> None:
-        self.path, self.prefix, self.ttl, self.clock, self.now = tokens_path(settings), prefix, ttl, clock, now
+        self.es, self.prefix, self.ttl, self.clock, self.now = es, prefix, ttl, clock, now
         self.lock = threading.Lock()
         self.by_digest: dict[str, UserToken] = {}
-        self.loaded_at: float | None = None
+        self.loaded: tuple[float, int] | None = None
 
     def table(self) -> dict[str, UserToken]:
-        """sha256 -> token of the prefix, at most `ttl` seconds old."""
+        """sha256 -> token of the prefix, at most `ttl` seconds old and newer than this process's last change."""
         with self.lock:
-            if self.loaded_at is None or self.clock() - self.loaded_at >= self.ttl:
-                records = (read_secret(self.path) or {}).get(self.prefix, {})
-                self.by_digest = {r["sha256"]: UserToken(prefix=self.prefix, id=token_id, **r)
-                                  for token_id, r in records.items()}
-                self.loaded_at = self.clock()
+            if self.loaded is None or self.clock() - self.loaded[0] >= self.ttl \
+                    or self.loaded[1] != writes(self.prefix):
+                seen = writes(self.prefix)
+                self.by_digest = {t.sha256: t for t in _tokens(self.es, self.prefix)}
+                self.loaded = (self.clock(), seen)
             return self.by_digest
 
     def verify(self, secret: str) -> str:

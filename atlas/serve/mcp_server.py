@@ -51,7 +51,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from atlas import constants as C
-from atlas.core.errors import AtlasError, AuthError
+from atlas.core.errors import AtlasError, AuthError, ConnectionFailed
 from atlas.core.store import Store
 from atlas.core.validation import check_user
 from atlas.security.tenancy import KeyReader
@@ -196,7 +196,8 @@ class FailureThrottle:
 
 class TokenGuard:
     """ASGI guard in front of the MCP transport: 429 for a throttled client, 401 without a valid Atlas token,
-    403 for another user's path. No cluster call: a bad token costs the cluster nothing."""
+    403 for another user's path, 503 while the cluster that holds the tokens does not answer. A token is checked
+    against the verifier's cached table: a bad token costs the cluster nothing."""
 
     def __init__(self, verifier: TokenVerifier, throttle: FailureThrottle, app: ASGIApp) -> None:
         self.verifier = verifier
@@ -222,11 +223,13 @@ class TokenGuard:
             self.throttle.fail(client)
             return refusal(401, "missing credential: send `Authorization: Bearer <your Atlas token>` "
                                 "(an operator creates one with `atlas users create <user>`)")
-        try:
-            owner = self.verifier.verify(token)
+        try:  # in a thread: the table is read from the cluster every `TOKEN_CACHE_SECONDS`
+            owner = await anyio.to_thread.run_sync(self.verifier.verify, token)
         except AuthError as exc:
             self.throttle.fail(client)
             return refusal(401, str(exc))
+        except ConnectionFailed:
+            return refusal(503, CLUSTER_DOWN)
         if owner != scope["path_params"]["user_id"]:
             return refusal(403, f"this token belongs to another user: connect to {MCP_PATH.format(user_id=owner)}")
         scope[USER_KEY] = owner
@@ -287,7 +290,7 @@ def create_app(store: Store, *, host: str = C.MCP_HOST, port: int = C.MCP_PORT,
     """
     manager = StreamableHTTPSessionManager(app=build_mcp_server(store, KeyReader(store)), json_response=True,
                                            stateless=True, security_settings=transport_security(host))
-    guard = TokenGuard(TokenVerifier(store.settings, store.prefix), FailureThrottle(), manager.handle_request)
+    guard = TokenGuard(TokenVerifier(store.es, store.prefix), FailureThrottle(), manager.handle_request)
     advertised = public_url or base_url(host, port)
 
     @asynccontextmanager
