@@ -89,6 +89,12 @@ BBQ_MIN_DIMS = 64
 #: Whether vectors are kept as JSON floats in `_source` (schema v3 did). Without, they are read back from the
 #: vector files on request (`"_source": {"exclude_vectors": false}`, or naming the field in `includes`).
 SOURCE_VECTORS = False
+#: The BM25 path's first phase: 0 multiplies every matching memory's score by recency, use and priors; N takes the
+#: top N per shard by the words' weights alone, which Elasticsearch finds without scoring every match, and
+#: multiplies those (`rescore`).
+BM25_RESCORE_WINDOW = 0
+#: In that first phase, ties go to the newest: a `distance_feature` on `timestamp` of at most this much.
+RESCORE_TIE_BOOST = 1e-4
 #: HNSW candidates examined per shard for the kNN path.
 KNN_NUM_CANDIDATES = 200
 #: How many fused candidates the second stage re-scores.
@@ -107,6 +113,8 @@ HUB_CANDIDATES = 100
 #: at full weight its unstemmed stop words outvote the content words) and `context` (the messages an
 #: episode follows).
 EXACT_BOOST = 0.3
+#: Whether a query's stop words are searched in `text.exact` (its analyzer keeps them, for tokens like "E-0x41").
+EXACT_STOP_WORDS = True
 CONTEXT_BOOST = 0.4
 #: An episode's `context` as the loaders and the agent build it: the messages before it in its session,
 #: oldest first, at most this many (for an agent: the user's previous message and its own last reply).

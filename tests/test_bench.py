@@ -9,11 +9,13 @@ import pytest
 
 from atlas import constants as C
 from atlas.core.memory import write_episode
+from atlas.core.recall import Tuning
 from atlas.research.bench import (
     PEERS,
     Corpus,
     bench_store,
     index_size,
+    measure_arms,
     measure_ingest_with_embedding,
     measure_throughput,
     measure_token_check,
@@ -202,6 +204,39 @@ def test_a_saved_run_is_loaded_by_plan_and_plans_are_named(tmp_path):
     assert load_results(tmp_path) == {"meta": {"plan": {"name": "quick"}}}
     assert load_results(tmp_path, plans=("million",)) == {"meta": {"plan": {"name": "million"}}}
     assert list(PLANS) == ["smoke", "quick", "full", "million"] and MILLION.scales == (10_000, 100_000, 1_000_000)
+
+
+def test_arms_ask_the_same_recalls_and_compare_each_top_with_the_first_arms(store) -> None:
+    """Every arm times every recall; an arm that ranks as the first does (a rescore window holding every match)
+    agrees on each top, and the server time of each path is read."""
+    users = ["u0000", "u0001"]
+    for user in users:
+        for days in (1, 30, 400):
+            write_episode(store, user, f"{user}'s porch sensor went offline {days} days ago.")
+    corpus = Corpus(docs=[], heads=[], details=[], users=users)
+    arms = {"default": Tuning(), "rescore 400": Tuning(rescore=400)}
+    out = measure_arms(store, corpus, ["porch sensor offline"], "bm25", arms, 4, 1, random.Random(0), store.now())
+    assert list(out) == list(arms)
+    for stats in out.values():
+        assert stats["n"] == 4 and stats["same_top_k"] == 1.0 and stats["took_ms"]["took_bm25"] > 0
+
+
+def test_the_recorded_first_stage_arms_are_what_the_docs_quote():
+    """Issue 37: docs/benchmarks.md's table of the BM25 and kNN arms is the committed run of
+    scripts/bm25_skip_bench.py, row for row."""
+    import json
+
+    from atlas.config import REPO_ROOT
+    from atlas.research.bench import RECORDED_DIR
+
+    run = json.loads((RECORDED_DIR / "bench" / "bm25_skip.json").read_text())
+    docs = (REPO_ROOT / "docs" / "benchmarks.md").read_text()
+    for scale, measured in run["scales"].items():
+        for mode, arms in measured["modes"].items():
+            for arm, m in arms.items():
+                assert (f"| {int(scale):,} | `{mode}` | {arm} | {m['p50_ms']:.0f} / {m['p95_ms']:.0f} / "
+                        f"{m['p99_ms']:.0f} | {m['took_ms']['took_bm25']:.0f} | {m['took_ms']['took_dense']:.0f} | "
+                        f"{100 * m['same_top_k']:.0f}% |") in docs, (scale, mode, arm)
 
 
 def test_the_recorded_million_run_is_what_the_docs_quote():

@@ -16,6 +16,7 @@ from atlas.core.fusion import rrf_fuse
 from atlas.core.memory import bulk_load, forget_memory, write_episode, write_memory
 from atlas.core.passages import passage_sentences, passage_text
 from atlas.core.recall import (
+    Tuning,
     build_recall_requests,
     pre_recall,
     recall,
@@ -107,7 +108,7 @@ def test_the_priors_sit_in_the_bm25_path_only(store):
                         ts=NOW - timedelta(days=1500))
     write_episode(store, "sarah", "The Lumio hub manual is in the kitchen drawer", session_id="s2")
     bm25, knn = hybrid_requests(store, "hub", ("episodic",))
-    assert "function_score" in bm25["body"]["query"] and "function_score" not in str(knn["body"])
+    assert "function_score" in str(bm25["body"]) and "function_score" not in str(knn["body"])
     june = (NOW - timedelta(days=150), NOW - timedelta(days=120))
     _, knn = hybrid_requests(store, "hub", ("episodic",), period=june)
     assert [f["weight"] for f in knn["body"]["query"]["function_score"]["functions"]] == [
@@ -496,3 +497,36 @@ def test_the_default_recall_is_one_msearch_and_reads_nothing_else(store, monkeyp
     monkeypatch.undo()
     uses = store.es.mget(index=f"{store.prefix}-semantic", ids=facts)["docs"]
     assert [doc["_source"]["use_count"] for doc in uses] == [0, 0], "a plain recall only reads"
+
+
+def test_a_rescored_bm25_path_gives_its_window_the_full_score(store):
+    """With `Tuning(rescore=N)` the BM25 path takes its top N by the words' weights alone, ties to the newest, and
+    gives those the multiplied score: a window that holds every match scores as the default path does; a smaller one
+    leaves out the older of two equally matching episodes, which the multipliers would have put first."""
+    ages = (1500, 900, 400, 30, 2)
+    for days in ages:
+        write_episode(store, "sarah", f"The porch light flickered {days} days ago", session_id=f"s{days}",
+                      ts=NOW - timedelta(days=days))
+    write_memory(store, "sarah", "The porch light is on a timer", "semantic")
+    write_episode(store, "sarah", "The porch light blinked once", session_id="sx", ts=NOW - timedelta(days=3000))
+    query = "porch light flickered"
+    full = recall(store, "sarah", query, k=10, mode="bm25")
+    whole = recall(store, "sarah", query, k=10, mode="bm25", tuning=Tuning(rescore=10))
+    assert [(h.id, h.path_scores) for h in whole.hits] == [(h.id, h.path_scores) for h in full.hits]
+    assert "rescore" in whole.requests[0]["body"] and "rescore" not in full.requests[0]["body"]
+    narrow = recall(store, "sarah", query, k=2, mode="bm25", tuning=Tuning(rescore=2, window=2))
+    flickered = [h for h in full.hits if "flickered" in h.text]
+    newest = sorted(flickered, key=lambda h: h.source["timestamp"], reverse=True)[:2]
+    assert {h.id for h in narrow.hits} == {h.id for h in newest}
+    assert [h.path_scores for h in narrow.hits] == [h.path_scores for h in full.hits if h.id in narrow.ids()]
+
+
+def test_stop_words_can_be_left_out_of_the_exact_subfield(store):
+    """`Tuning(exact_stop_words=False)` searches a query's stop words in neither `text` nor `text.exact`."""
+    header = recall_header(store, "sarah", ("episodic",), archive=False)
+    write_episode(store, "sarah", "The hub is on the shelf", session_id="s1")
+    query = "is the hub on the shelf"
+    kept = term_weights(store, "sarah", query, header)
+    left = term_weights(store, "sarah", query, header, tuning=Tuning(exact_stop_words=False))
+    assert kept["text.exact"].keys() == {"is", "the", "hub", "on", "shelf"}
+    assert left["text.exact"].keys() == {"hub", "shelf"} and left["text"] == kept["text"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import string
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -133,6 +134,47 @@ def build_filters(prefix: str, user_id: str, *, code_filter: bool = True, includ
     return {"bool": clauses}
 
 
+@dataclass(frozen=True)
+class Tuning:
+    """Recall's research knobs, each at its measured default (docs/evaluation.md): what to change to study recall,
+    not to use it."""
+
+    #: Candidates taken from each retrieval path before fusion.
+    window: int = C.RRF_WINDOW
+    rank_constant: int = C.RRF_RANK_CONSTANT
+    #: How many of the fused list the second stage re-scores, and how much the fused rank weighs against it.
+    pool: int = C.RERANK_POOL
+    rrf_weight: float = C.RERANK_RRF_WEIGHT
+    #: How much a candidate's hubness lowers the embedding stage's cosine (0: off).
+    hub_penalty: float = C.HUB_PENALTY
+    #: Read only the user's shard of each index (`recall_header`); off asks every shard.
+    routed: bool = True
+    #: Weigh each word of the BM25 path by its IDF among the user's documents (`term_weights`); off: every word 1.
+    idf: bool = True
+    #: Search the query's stop words in `text.exact` too (the subfield keeps them; `text` drops them).
+    exact_stop_words: bool = C.EXACT_STOP_WORDS
+    #: The BM25 path's first phase: 0 scores every matching memory with the multipliers; N takes the top N by the
+    #: words' weights alone (Elasticsearch can skip blocks) and gives those N the multiplied score (`rescore`).
+    rescore: int = C.BM25_RESCORE_WINDOW
+    #: HNSW candidates examined per shard by the kNN path (at least `window`).
+    num_candidates: int = C.KNN_NUM_CANDIDATES
+
+    def checked(self) -> Tuning:
+        for value, what in ((self.window, "window"), (self.pool, "pool"), (self.rank_constant, "rank_constant")):
+            check_k(value, limit=10_000, what=what)
+        check_k(self.rescore, limit=10_000, what="rescore", low=0)
+        check_k(self.num_candidates, limit=10_000, what="num_candidates")
+        check_number(self.rrf_weight, low=0, high=10, what="rrf_weight")
+        check_number(self.hub_penalty, low=0, high=10, what="hub_penalty")
+        check_flag(self.routed, "routed")
+        check_flag(self.idf, "idf")
+        check_flag(self.exact_stop_words, "exact_stop_words")
+        return self
+
+
+DEFAULT_TUNING = Tuning()
+
+
 #: The BM25 path's fields and their weights, `text` (stemmed) having 1.
 BM25_FIELDS = {"text": 1.0, "text.exact": C.EXACT_BOOST, "context": C.CONTEXT_BOOST}
 
@@ -173,36 +215,52 @@ def weights_from(stats: dict, words: Counter[str]) -> Weights:
     return weights
 
 
-def term_weights(store: Store, user_id: str, query: str, header: dict, *, idf: bool = True,
+def term_weights(store: Store, user_id: str, query: str, header: dict, *, tuning: Tuning = DEFAULT_TUNING,
                  timings: dict[str, float] | None = None) -> Weights:
     """The BM25 path's weights for `query`: each word's IDF among the documents the user can read in the memory
     indices of `header` (one search of `build_stats_body`, through the user's client), so that no other tenant's
     documents count. The archive, when the recall reads it (`as_of`, superseded facts), is left out, so a word weighs
     the same in a recall of the past as in one made then. Its server time goes into `timings` as "took_stats"
-    (seconds). Without `idf`, every word weighs 1 (no search)."""
+    (seconds). Without `tuning.idf`, every word weighs 1 (no search); without `tuning.exact_stop_words`, a stop word
+    is not searched in `text.exact`."""
     words = query_words(query)
-    if not idf:
-        return {name: {word: boost * n for word, n in words.items()} for name, boost in BM25_FIELDS.items()}
-    body = build_stats_body(store.prefix, user_id, list(words), code_filter=store.code_filter)
-    live = ",".join(name for name in header["index"].split(",") if name != archive_name(store.prefix))
-    stats = store.read_client(user_id).search(index=live, routing=header.get("routing"),
-                                              ignore_unavailable=True, **body)
-    if timings is not None:
-        timings["took_stats"] = stats["took"] / 1000
-    return weights_from(stats.body, words)
+    if not tuning.idf:
+        weights = {name: {word: boost * n for word, n in words.items()} for name, boost in BM25_FIELDS.items()}
+    else:
+        body = build_stats_body(store.prefix, user_id, list(words), code_filter=store.code_filter)
+        live = ",".join(name for name in header["index"].split(",") if name != archive_name(store.prefix))
+        stats = store.read_client(user_id).search(index=live, routing=header.get("routing"),
+                                                  ignore_unavailable=True, **body)
+        if timings is not None:
+            timings["took_stats"] = stats["took"] / 1000
+        weights = weights_from(stats.body, words)
+    if not tuning.exact_stop_words:
+        weights["text.exact"] = {word: weight for word, weight in weights["text.exact"].items()
+                                 if word.strip(string.punctuation) not in C.ENGLISH_STOPWORDS}
+    return weights
 
 
 def build_bm25_body(weights: Weights, filters: dict, now: datetime, params: ScoringParams, window: int, *,
-                    period: Period | None = None) -> dict:
+                    period: Period | None = None, rescore: int = C.BM25_RESCORE_WINDOW) -> dict:
     """BM25 over the text, its exact-token subfield and the replied-to context: a memory scores the weight of each
     word it holds (`term_weights`; the indices' `boolean` similarity adds the boosts as given), times the
-    multipliers."""
+    multipliers.
+
+    With `rescore`, only the top `rescore` by the words' weights (ties to the newest: `distance_feature`) get the
+    multipliers: a plain top-k, which Elasticsearch may answer without scoring every match."""
     should = [{"match": {name: {"query": word, "boost": weight}}}
               for name, words in weights.items() for word, weight in words.items()]
     match = {"bool": {"should": should, "minimum_should_match": 1}} if should else {"match_none": {}}
-    inner = {"bool": {"must": [match], "filter": [filters]}}
-    return {"size": window, "query": build_scored_query(inner, now, params=params, period=period),
-            "seq_no_primary_term": True, "_source": {"excludes": list(VECTOR_FIELDS)}}
+    scored = build_scored_query({"bool": {"must": [match], "filter": [filters]}}, now, params=params, period=period)
+    body = {"size": window, "seq_no_primary_term": True, "_source": {"excludes": list(VECTOR_FIELDS)}}
+    if not rescore:
+        return body | {"query": scored}
+    newest = {"distance_feature": {"field": "timestamp", "origin": es_date(now), "pivot": params.decay_offset,
+                                   "boost": C.RESCORE_TIE_BOOST}}
+    return body | {"query": {"bool": {"must": [match], "should": [newest], "filter": [filters]}},
+                   "track_total_hits": False,
+                   "rescore": {"window_size": max(rescore, window), "query": {
+                       "rescore_query": scored, "query_weight": 0, "rescore_query_weight": 1, "score_mode": "total"}}}
 
 
 def build_knn_body(vector: Sequence[float], filters: dict, params: ScoringParams, window: int, *,
@@ -250,15 +308,16 @@ def recall_header(store: Store, user_id: str, types: Sequence[C.MemoryType], *, 
 
 def build_recall_requests(store: Store, user_id: str, *, mode: C.RecallMode, header: dict, now: datetime,
                           params: ScoringParams, window: int, weights: Weights | None,
+                          rescore: int = C.BM25_RESCORE_WINDOW, num_candidates: int = C.KNN_NUM_CANDIDATES,
                           query_vector: Sequence[float] | None, include_superseded: bool = False,
                           period: Period | None = None, session_id: str | None = None,
                           second_stage_fields: bool = False, as_of: datetime | None = None) -> list[dict]:
     """[{"path", "header", "body"}] of one `_msearch`: one search per retrieval path.
 
-    The BM25 path takes the query's `weights` (`term_weights`), the kNN path its `query_vector`. `session_id`
-    restricts every path to that session. `second_stage_fields` returns each hit's stored `rerank_embedding` too
-    (the embedding second stage reads it; `hubness` is always in `_source`). `as_of` keeps what was held then
-    (`build_filters`)."""
+    The BM25 path takes the query's `weights` (`term_weights`) and `rescore`, the kNN path its `query_vector` and
+    `num_candidates`. `session_id` restricts every path to that session. `second_stage_fields` returns each hit's
+    stored `rerank_embedding` too (the embedding second stage reads it; `hubness` is always in `_source`). `as_of`
+    keeps what was held then (`build_filters`)."""
     filters = build_filters(store.prefix, user_id, code_filter=store.code_filter, include_superseded=include_superseded,
                             session_id=session_id, as_of=as_of, period=period)
     source = ({"exclude_vectors": False, "excludes": [f for f in VECTOR_FIELDS if f != "rerank_embedding"]}
@@ -268,11 +327,11 @@ def build_recall_requests(store: Store, user_id: str, *, mode: C.RecallMode, hea
         if path == "bm25":
             if weights is None:
                 raise ValidationError(f"mode {mode} searches by BM25: pass the query's weights (term_weights)")
-            body = build_bm25_body(weights, filters, now, params, window, period=period)
+            body = build_bm25_body(weights, filters, now, params, window, period=period, rescore=rescore)
         elif query_vector is None:
             raise ValidationError(f"mode {mode} searches by kNN: pass the query_vector")
         else:
-            body = build_knn_body(query_vector, filters, params, window, period=period)
+            body = build_knn_body(query_vector, filters, params, window, period=period, num_candidates=num_candidates)
         requests.append({"path": path, "header": header, "body": body | {"_source": source}})
     return requests
 
@@ -377,37 +436,6 @@ def _second_stage(store: Store, query: str, pool: list[Hit], tuning: Tuning) -> 
 # --- recall ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Tuning:
-    """Recall's research knobs, each at its measured default (docs/evaluation.md): what to change to study recall,
-    not to use it."""
-
-    #: Candidates taken from each retrieval path before fusion.
-    window: int = C.RRF_WINDOW
-    rank_constant: int = C.RRF_RANK_CONSTANT
-    #: How many of the fused list the second stage re-scores, and how much the fused rank weighs against it.
-    pool: int = C.RERANK_POOL
-    rrf_weight: float = C.RERANK_RRF_WEIGHT
-    #: How much a candidate's hubness lowers the embedding stage's cosine (0: off).
-    hub_penalty: float = C.HUB_PENALTY
-    #: Read only the user's shard of each index (`recall_header`); off asks every shard.
-    routed: bool = True
-    #: Weigh each word of the BM25 path by its IDF among the user's documents (`term_weights`); off: every word 1.
-    idf: bool = True
-
-    def checked(self) -> Tuning:
-        for value, what in ((self.window, "window"), (self.pool, "pool"), (self.rank_constant, "rank_constant")):
-            check_k(value, limit=10_000, what=what)
-        check_number(self.rrf_weight, low=0, high=10, what="rrf_weight")
-        check_number(self.hub_penalty, low=0, high=10, what="hub_penalty")
-        check_flag(self.routed, "routed")
-        check_flag(self.idf, "idf")
-        return self
-
-
-DEFAULT_TUNING = Tuning()
-
-
 def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequence[C.MemoryType] | None = None,
            include_superseded: bool = False, mode: C.RecallMode = C.DEFAULT_RECALL_MODE,
            as_of: datetime | None = None, tuning: Tuning = DEFAULT_TUNING) -> RecallResult:
@@ -442,14 +470,15 @@ def recall(store: Store, user_id: str, query: str, *, k: int = 10, types: Sequen
                            archive=include_superseded or as_of is not None or period is not None, routed=tuning.routed)
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=1) as pool:  # the term statistics are read while the query is embedded
-        stats = (pool.submit(term_weights, store, user_id, query, header, idf=tuning.idf, timings=timings)
+        stats = (pool.submit(term_weights, store, user_id, query, header, tuning=tuning, timings=timings)
                  if mode != "dense" else None)
         query_vector = store.embedder.embed_queries([query])[0] if mode != "bm25" else None
         timings["embed"] = time.perf_counter() - started
         weights = stats.result() if stats is not None else None
     timings["stats"] = time.perf_counter() - started
     requests = build_recall_requests(store, user_id, mode=mode, header=header, now=now, params=store.params,
-                                     window=max(tuning.window, k), weights=weights, query_vector=query_vector,
+                                     window=max(tuning.window, k), weights=weights, rescore=tuning.rescore,
+                                     num_candidates=tuning.num_candidates, query_vector=query_vector,
                                      include_superseded=include_superseded, period=period, as_of=as_of,
                                      second_stage_fields=stage is not None and stage.embedder is not None)
     started = time.perf_counter()

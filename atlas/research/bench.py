@@ -290,6 +290,48 @@ def measure_recall(store: Store, corpus: Corpus, queries: Sequence[str], mode: C
     return {**stats, "parts_ms": parts_ms, "detail_ms": {p: mean_ms[p] for p in DETAIL}}
 
 
+def settle_merges(es: Elasticsearch, prefix: str, *, poll_s: float = 5.0, limit_s: float = 3600.0) -> dict:
+    """Wait until no merge runs on the prefix's indices (a load leaves merges behind it, which slow the recalls timed
+    next): the seconds waited and the load average then."""
+    started = time.perf_counter()
+    while es.indices.stats(index=f"{prefix}-*", metric="merge")["_all"]["total"]["merges"]["current"]:
+        if time.perf_counter() - started > limit_s:
+            break
+        time.sleep(poll_s)
+    return {"waited_s": time.perf_counter() - started, "loadavg": os.getloadavg()}
+
+
+def measure_arms(store: Store, corpus: Corpus, queries: Sequence[str], mode: C.RecallMode, arms: dict[str, Tuning],
+                 reps: int, warmup: int, rng: random.Random, now: datetime, k: int = 10) -> dict:
+    """The same `reps` recalls (users drawn by activity) in each arm, the arms in turn for each, a different one first
+    each time (the first of a recall pays for what the others find cached: the term statistics' search, pages):
+    per arm the latency, the mean server time of each path's search, and the share of recalls whose top `k` is the
+    first arm's."""
+    weights = user_weights(corpus.users)
+    totals: dict[str, list[float]] = {arm: [] for arm in arms}
+    took: dict[str, dict[str, list[float]]] = {arm: {"took_bm25": [], "took_dense": []} for arm in arms}
+    same = dict.fromkeys(arms, 0)
+    for i in range(warmup + reps):
+        user, query = rng.choices(corpus.users, weights)[0], rng.choice(queries)
+        names = list(arms)
+        top: dict[str, list[str]] = {}
+        for arm in names[i % len(names):] + names[:i % len(names)]:
+            started = time.perf_counter()
+            result = recall(store.at(now), user, query, k=k, mode=mode, tuning=arms[arm])
+            elapsed = time.perf_counter() - started
+            top[arm] = result.ids()
+            if i >= warmup:
+                totals[arm].append(elapsed)
+                for part, values in took[arm].items():
+                    values.append(result.timings.get(part, 0.0))
+        if i >= warmup:
+            for arm in names:
+                same[arm] += top[arm] == top[names[0]]
+    return {arm: {**latency_stats(totals[arm]), "same_top_k": same[arm] / reps,
+                  "took_ms": {part: float(np.mean(values)) * 1000 for part, values in took[arm].items()}}
+            for arm in arms}
+
+
 def measure_writes(store: Store, users: Sequence[str], reps: int, rng: random.Random, progress: bool = True) -> dict:
     """One `write_episode` (embedding + index) per call, under each refresh policy."""
     out = {}
@@ -496,15 +538,18 @@ def check_scales(scales: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted(set(scales)))
 
 
-def bench_store(prefix: str, settings: Settings, es: Elasticsearch) -> Store:
+def bench_store(prefix: str, settings: Settings, es: Elasticsearch, *, fresh: bool = True) -> Store:
     """A store on a fresh prefix whose models embed every query and write for real (no cache).
 
-    The indices and read keys an interrupted run left are dropped, so that key creation is measured.
+    The indices and read keys an interrupted run left are dropped, so that key creation is measured; `fresh=False`
+    keeps them (a corpus loaded by an earlier run, measured again).
     """
-    drop_indices(es, prefix)
+    if fresh:
+        drop_indices(es, prefix)
     store = open_store(prefix, settings=settings, es=es, embedder=load_embedder(settings.embedder),
                        second_stage=load_second_stage(settings.reranker), now=lambda: BENCH_NOW)
-    forget_prefix(store)
+    if fresh:
+        forget_prefix(store)
     return store
 
 
@@ -565,6 +610,7 @@ def _bench_scale(results: dict, plan: Plan, store: Store, corpus: Corpus, clause
                               "types": dict(Counter(d["memory_type"] for d in corpus.docs))}
     results["user_keys"][key] = provision_users(store, corpus.users)
     results["ingest"]["without_embedding"][key] = load_corpus(store, corpus, clauses, seed, progress=progress)
+    results.setdefault("merges", {})[key] = settle_merges(store.es, store.prefix)
     results["index_size"][key] = index_size(store.es, store.prefix)
     results["recall"][key] = {mode: measure_recall(store, corpus, asked, mode, plan.recall_reps, plan.warmup, rng, now,
                                                    plan.k)

@@ -52,11 +52,13 @@ def build_session_requests(store: Store, result: RecallResult, sessions: Sequenc
     now = store.now()
     header = recall_header(store, result.user_id, ("episodic",), archive=False, routed=tuning.routed)
     vector = store.embedder.embed_queries([result.query])[0] if result.mode != "bm25" else None
-    weights = term_weights(store, result.user_id, result.query, header) if result.mode != "dense" else None
+    weights = (term_weights(store, result.user_id, result.query, header, tuning=tuning)
+               if result.mode != "dense" else None)
     return [request | {"path": f"{request['path']}@{session}"} for session in sessions
             for request in build_recall_requests(
                 store, result.user_id, mode=result.mode, header=header, now=now, params=store.params, window=turns,
-                weights=weights, query_vector=vector, period=mentioned_period(result.query, now), session_id=session)]
+                weights=weights, rescore=tuning.rescore, num_candidates=tuning.num_candidates, query_vector=vector,
+                period=mentioned_period(result.query, now), session_id=session)]
 
 
 def session_pass(store: Store, result: RecallResult, *, k: int, sessions: int = SESSION_PASS,

@@ -1,14 +1,17 @@
-"""Tenant-local BM25 as a study (docs/evaluation.md, "Tenant-local BM25"): every mode with each word weighed by its
-IDF among the user's own documents (the default) and with every word weighing 1 (`Tuning(idf=False)`, no statistics
-search), in one run.
+"""Recall's BM25 path with other `Tuning`s, in one run of every mode (docs/evaluation.md):
 
-    .venv/bin/python scripts/statistics_study.py [--conversations 2] [--prefix-persona eval-persona]
+- `--study statistics` ("Tenant-local BM25"): each word weighed by its IDF among the user's own documents (the
+  default) against every word weighing 1 (`Tuning(idf=False)`, no statistics search);
+- `--study bm25` ("A BM25 path that can skip", "Stop words in text.exact"): the default against a first phase
+  rescored on its top N (`Tuning(rescore=N)`) and against stop words left out of `text.exact`.
+
+    .venv/bin/python scripts/tuning_study.py --study bm25 [--conversations 2] [--prefix-persona eval-persona]
 
 Asks every question of the persona set and of LoCoMo's first `--conversations` conversations (0: all) in every mode
 and arm, on the prefixes `atlas eval` keeps (loading them if needed; LoCoMo's prefix is `eval-locomo-ci` for the first
-two, `eval-locomo` for all), writes outputs/eval/statistics_study.json and prints R@5, R@10 (LoCoMo: its main set)
-and the latency (p50/p95 ms) per dataset, mode and arm. Each question is asked in both arms before the next, so
-both see one load.
+two, `eval-locomo` for all), writes outputs/eval/<study>_study.json and prints R@5, R@10 (LoCoMo: its main set),
+the share of questions whose top 10 is the first arm's, and the latency (p50/p95 ms) per dataset, mode and arm.
+Each question is asked in every arm before the next, so all see one load.
 """
 
 from __future__ import annotations
@@ -26,15 +29,21 @@ from atlas.research.locomo import CATEGORY_NAMES, MAIN_CATEGORIES, load_conversa
 from atlas.research.metrics import percentiles
 from atlas.stack import open_store
 
-#: The arms: the default, and the BM25 path without IDF.
-ARMS = {"tenant IDF": Tuning(), "no IDF": Tuning(idf=False)}
+#: Each study's arms, the default first.
+STUDIES = {
+    "statistics": {"tenant IDF": Tuning(), "no IDF": Tuning(idf=False)},
+    "bm25": {"default": Tuning(), "rescore 160": Tuning(rescore=160), "rescore 400": Tuning(rescore=400),
+             "no stop words in text.exact": Tuning(exact_stop_words=False)},
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--study", choices=sorted(STUDIES), required=True)
     parser.add_argument("--conversations", type=int, default=2)
     parser.add_argument("--prefix-persona", default="eval-persona")
     args = parser.parse_args()
+    arms = STUDIES[args.study]
     persona_store = open_store(args.prefix_persona, now=lambda: PERSONA_NOW)
     persona, _ = prepare_persona(persona_store, progress=False)
     conversations = load_conversations()[:args.conversations or None]
@@ -46,25 +55,30 @@ def main() -> None:
                                        ("locomo", locomo_store, locomo, LOCOMO_KS)):
         for mode in C.RECALL_MODES:
             for question in questions:
-                for arm, tuning in ARMS.items():
+                for arm, tuning in arms.items():
                     row = ask(store, question, mode, ks, options={"tuning": tuning})
                     rows.append(row | {"dataset": name, "arm": arm})
         load[name] = os.getloadavg()
+    first = next(iter(arms))
+    top10 = {(r["dataset"], r["mode"], r["qid"]): r["ranked"][:10] for r in rows if r["arm"] == first}
     summary = []
     main = {CATEGORY_NAMES[c] for c in MAIN_CATEGORIES}  # LoCoMo's R@K: the main set, as `atlas eval locomo` reports
     for name in ("persona", "locomo"):
         for mode in C.RECALL_MODES:
-            for arm in ARMS:
+            for arm in arms:
                 mine = [r for r in rows if (r["dataset"], r["mode"], r["arm"]) == (name, mode, arm)]
                 scored = [r for r in mine if "r@10" in r and (name == "persona" or r["group"] in main)]
                 latency = percentiles([r["latency_ms"] for r in mine], ps=(50, 95))
                 summary.append({"dataset": name, "mode": mode, "arm": arm, "n": len(scored),
                                 "r@5": sum(r["r@5"] for r in scored) / len(scored),
                                 "r@10": sum(r["r@10"] for r in scored) / len(scored),
+                                "same top 10": sum(r["ranked"][:10] == top10[name, mode, r["qid"]]
+                                                   for r in mine) / len(mine),
                                 "p50 ms": round(latency["p50"]), "p95 ms": round(latency["p95"])})
     write_report({"conversations": len(conversations), "summary": summary, "rows": rows, "load_average": load},
-                 REPO_ROOT / "outputs" / "eval", "statistics_study")
-    print(table(summary, title="BM25 weights: tenant IDF against none", numeric={"n", "r@5", "r@10"}).to_markdown())
+                 REPO_ROOT / "outputs" / "eval", f"{args.study}_study")
+    print(table(summary, title=f"{args.study} study: {', '.join(arms)}",
+                numeric={"n", "r@5", "r@10", "same top 10"}).to_markdown())
     print("load average", load)
 
 
