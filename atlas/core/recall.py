@@ -252,9 +252,9 @@ def build_bm25_body(weights: Weights, filters: dict, now: datetime, params: Scor
               for name, words in weights.items() for word, weight in words.items()]
     match = {"bool": {"should": should, "minimum_should_match": 1}} if should else {"match_none": {}}
     scored = build_scored_query({"bool": {"must": [match], "filter": [filters]}}, now, params=params, period=period)
-    body = {"size": window, "seq_no_primary_term": True, "_source": {"excludes": list(VECTOR_FIELDS)}}
+    body = {"size": window, "query": scored, "seq_no_primary_term": True, "_source": {"excludes": list(VECTOR_FIELDS)}}
     if not rescore:
-        return body | {"query": scored}
+        return body
     newest = {"distance_feature": {"field": "timestamp", "origin": es_date(now), "pivot": params.decay_offset,
                                    "boost": C.RESCORE_TIE_BOOST}}
     return body | {"query": {"bool": {"must": [match], "should": [newest], "filter": [filters]}},
