@@ -20,6 +20,7 @@ import time
 
 from atlas.config import load_settings
 from atlas.core.recall import Tuning
+from atlas.core.schemas import all_indices
 from atlas.models.embed import load_embedder
 from atlas.reporting import table
 from atlas.research.bench import (
@@ -68,9 +69,8 @@ def main() -> None:
     clauses = None
     for scale in args.scale or [10_000, 100_000, 1_000_000]:
         prefix = f"bm25skip-{label(scale)}"
-        memories = ",".join(f"{prefix}-{kind}" for kind in ("episodic", "semantic", "procedural", "catalog"))
         loaded = args.keep and es.indices.exists(index=f"{prefix}-episodic") and es.count(
-            index=memories, ignore_unavailable=True)["count"] >= scale
+            index=",".join(all_indices(prefix, archive=False)), ignore_unavailable=True)["count"] >= scale
         store = bench_store(prefix, settings, es, fresh=not loaded)
         try:
             clauses = clauses or ClauseVectors(pool, {field: load_embedder(spec, cache_dir=settings.embedding_cache_dir)
@@ -80,7 +80,6 @@ def main() -> None:
                 provision_users(store, corpus.users)
                 load_corpus(store, corpus, clauses, args.seed)
             merges = settle_merges(es, store.prefix, limit_s=args.merge_wait)
-            merges["still_merging"] = es.indices.stats(index=f"{prefix}-*", metric="merge")["_all"]["total"]["merges"]
             results["scales"][str(scale)] = {"merges": merges, "modes": {
                 mode: measure_arms(store, corpus, asked, mode, arms, args.reps, 5, rng, BENCH_NOW)
                 for mode, arms in ARMS.items()},

@@ -291,14 +291,14 @@ def measure_recall(store: Store, corpus: Corpus, queries: Sequence[str], mode: C
 
 
 def settle_merges(es: Elasticsearch, prefix: str, *, poll_s: float = 5.0, limit_s: float = 3600.0) -> dict:
-    """Wait until no merge runs on the prefix's indices (a load leaves merges behind it, which slow the recalls timed
-    next): the seconds waited and the load average then."""
+    """Wait until no merge runs on the prefix's indices, at most `limit_s` (a load leaves merges behind it, which slow
+    the recalls timed next): the seconds waited, the load average then, and the last `_stats/merge` read."""
     started = time.perf_counter()
-    while es.indices.stats(index=f"{prefix}-*", metric="merge")["_all"]["total"]["merges"]["current"]:
+    while (merges := es.indices.stats(index=f"{prefix}-*", metric="merge")["_all"]["total"]["merges"])["current"]:
         if time.perf_counter() - started > limit_s:
             break
         time.sleep(poll_s)
-    return {"waited_s": time.perf_counter() - started, "loadavg": os.getloadavg()}
+    return {"waited_s": time.perf_counter() - started, "loadavg": os.getloadavg(), "still_merging": merges}
 
 
 def measure_arms(store: Store, corpus: Corpus, queries: Sequence[str], mode: C.RecallMode, arms: dict[str, Tuning],
