@@ -415,27 +415,34 @@ def bench_cmd(quick: bool = typer.Option(False, "--quick", help="1k and 10k memo
 
 
 @app.command("bench-nodes")
-def bench_nodes_cmd(nodes: int = typer.Option(3, "--nodes", min=2, help="nodes of the local cluster to compare"),
+def bench_nodes_cmd(nodes: int = typer.Option(3, "--nodes", min=2, help="nodes of the local cluster"),
+                    study: str = typer.Option("nodes", help="nodes: the single node beside the N-node cluster "
+                                                            "(bench-nodes.json); shards: hot shards on the N-node "
+                                                            "cluster, each user on one shard, then two "
+                                                            "(bench-shards.json)"),
                     smoke: bool = typer.Option(False, "--smoke", help="2k memories, a few repetitions"),
                     scale: int | None = typer.Option(None, help="memories in the corpus (default: the plan's, 100k)"),
                     record: bool = typer.Option(False, "--record", help="also write the JSON to results/bench/ (the "
                                                                         "committed run docs/scaling.md quotes)"),
                     progress: bool = typer.Option(True, help="progress bars on stderr")) -> None:
-    """The local single node, then the local N-node cluster, on the same 100k memories (bench-nodes.json)."""
+    """Measurements on a local N-node cluster, on 100k synthetic memories (docs/scaling.md)."""
     _needs("research")
     from dataclasses import replace
 
+    from atlas.research import cluster_bench as cb
     from atlas.research.bench import RECORDED_DIR, check_scales, results_path, write_json
-    from atlas.research.cluster_bench import NODES, NODES_SMOKE, nodes_tables, run_nodes
 
-    plan = NODES_SMOKE if smoke else NODES
+    if study not in ("nodes", "shards"):
+        _fail(AtlasError(f"unknown study {study!r}: nodes or shards"))
+    plan = {("nodes", False): cb.NODES, ("nodes", True): cb.NODES_SMOKE, ("shards", False): cb.SHARDS,
+            ("shards", True): cb.SHARDS_SMOKE}[study, smoke]
     if scale is not None:
         plan = replace(plan, scale=check_scales([scale])[0])
     try:
-        results = run_nodes(nodes=nodes, plan=plan, progress=progress)
+        results = (cb.run_nodes if study == "nodes" else cb.run_shards)(nodes=nodes, plan=plan, progress=progress)
     except AtlasError as exc:
         _fail(exc)
-    for shown in nodes_tables(results):
+    for shown in cb.nodes_tables(results) if study == "nodes" else [cb.shards_table(results)]:
         typer.echo(shown.to_markdown())
     typer.echo(f"\nwrote {results_path(load_settings(es_nodes=nodes).outputs_dir, plan.name)}")
     if record:

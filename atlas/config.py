@@ -49,6 +49,8 @@ class Settings:
     #: Primary shards and replicas of each memory index (the catalog has `C.CATALOG_SHARDS`).
     shards: int = C.SINGLE_NODE_SHARDS
     replicas: int = C.SINGLE_NODE_REPLICAS
+    #: Shards of each memory index that one user's documents spread over (`C.ROUTING_PARTITION_SIZE`).
+    routing_partition: int = C.ROUTING_PARTITION_SIZE
     #: Index type of the kNN fields and whether vectors stay in `_source` (`C.VECTOR_INDEX`, `C.SOURCE_VECTORS`).
     vector_index: C.VectorIndex = C.VECTOR_INDEX
     source_vectors: bool = C.SOURCE_VECTORS
@@ -150,6 +152,7 @@ def llm_endpoint(base_url: str | None, api_key: str | None, model: str | None,
 def load_settings(**overrides: object) -> Settings:
     """Settings from the environment (ES_URL, ES_API_KEY, ES_USERNAME, ES_PASSWORD, ES_CA_CERTS,
     ATLAS_ES_NODES, ATLAS_ES_PORT, ATLAS_ES_TRANSPORT_PORT, ATLAS_ES_HEAP, ATLAS_SHARDS, ATLAS_REPLICAS,
+    ATLAS_ROUTING_PARTITION,
     ATLAS_INDEX_PREFIX, ATLAS_EMBEDDING_CACHE, ATLAS_SERVICE_USER, ATLAS_EMBEDDER, ATLAS_RERANKER, OPENAI_BASE_URL,
     OPENAI_API_KEY, ATLAS_LLM_MODEL, ATLAS_LLM_JSON, ATLAS_TRUSTED_PROXIES: comma-separated), then keyword
     overrides. Ports, heap, shards and replicas default by the number of local nodes."""
@@ -169,6 +172,7 @@ def load_settings(**overrides: object) -> Settings:
         "es_heap": env("ATLAS_ES_HEAP", C.SINGLE_NODE_HEAP if single else C.CLUSTER_HEAP),
         "shards": int(env("ATLAS_SHARDS", C.SINGLE_NODE_SHARDS if single else nodes)),
         "replicas": int(env("ATLAS_REPLICAS", C.SINGLE_NODE_REPLICAS if single else C.CLUSTER_REPLICAS)),
+        "routing_partition": int(env("ATLAS_ROUTING_PARTITION", C.ROUTING_PARTITION_SIZE)),
         "index_prefix": env("ATLAS_INDEX_PREFIX", DEFAULT_INDEX_PREFIX),
         "embedding_cache": Path(cache) if (cache := env("ATLAS_EMBEDDING_CACHE")) else None,
         "service_user": env("ATLAS_SERVICE_USER", SERVICE_PRINCIPAL),

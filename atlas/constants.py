@@ -61,6 +61,9 @@ CLUSTER_REPLICAS = 1
 #: The catalog is world data without an owner, read by every recall: one shard, so that a recall routed
 #: by its user still reads all of it.
 CATALOG_SHARDS = 1
+#: Shards each user's documents spread over (`index.routing_partition_size`), unless ATLAS_ROUTING_PARTITION says:
+#: one, so that a recall asks one shard per index; more spreads a heavy user's load (docs/scaling.md, hot shards).
+ROUTING_PARTITION_SIZE = 1
 
 # --- index names ------------------------------------------------------------
 DEFAULT_INDEX_PREFIX = "atlas"

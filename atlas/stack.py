@@ -14,6 +14,7 @@ from typing import Literal
 from elasticsearch import Elasticsearch
 
 from atlas.config import Settings, load_settings
+from atlas.core.errors import ValidationError
 from atlas.core.schemas import check_models, check_prefix, ensure_indices
 from atlas.core.scoring import DEFAULT_PARAMS, ScoringParams
 from atlas.core.store import Embedder, SecondStage, Store
@@ -34,6 +35,9 @@ def open_store(prefix: str | None = None, *, settings: Settings | None = None, e
     the `user_id` filter alone (with a warning, see `atlas.security.tenancy`).
     """
     settings = settings or load_settings()
+    if not (settings.routing_partition == 1 or 1 < settings.routing_partition < settings.shards):
+        raise ValidationError(f"ATLAS_ROUTING_PARTITION is {settings.routing_partition}: 1, or more but fewer than "
+                              f"the {settings.shards} shard(s) of each index (ATLAS_SHARDS), docs/scaling.md")
     cache = settings.embedding_cache_dir
     es = es or connect(settings)
     # The store's caches draw no bars: the operation that embeds many texts draws one (`bulk_load`).
@@ -47,8 +51,8 @@ def open_store(prefix: str | None = None, *, settings: Settings | None = None, e
     if create:
         rerank = store.passage_embedders.get("rerank_embedding")
         ensure_indices(es, store.prefix, embedder.dims, rerank.dims if rerank else None,
-                       shards=settings.shards, replicas=settings.replicas, vector_index=settings.vector_index,
-                       source_vectors=settings.source_vectors)
+                       shards=settings.shards, replicas=settings.replicas, partition=settings.routing_partition,
+                       vector_index=settings.vector_index, source_vectors=settings.source_vectors)
         check_models(es, store.prefix, {field: model.name for field, model in store.passage_embedders.items()})
     if tenancy:
         enable_tenancy(store)

@@ -81,7 +81,8 @@ def main() -> None:
                 load_corpus(store, corpus, clauses, args.seed)
             merges = settle_merges(es, store.prefix, limit_s=args.merge_wait)
             results["scales"][str(scale)] = {"merges": merges, "modes": {
-                mode: measure_arms(store, corpus, asked, mode, arms, args.reps, 5, rng, BENCH_NOW)
+                mode: measure_arms(corpus, asked, mode, {arm: (store, tuning) for arm, tuning in arms.items()},
+                                   args.reps, 5, rng, BENCH_NOW)
                 for mode, arms in ARMS.items()},
                 "loadavg_end": os.getloadavg()}
         finally:

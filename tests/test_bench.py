@@ -143,6 +143,43 @@ def test_the_recorded_nodes_run_is_what_scaling_quotes():
         assert block in text[start:end], f"docs/scaling.md's {name} block is not the recorded run's"
 
 
+def _partition_run(docs: list[int], heavy: list[int], shards_asked: int) -> dict:
+    timing = {"p50_ms": 100.0, "p95_ms": 200.0}
+    return {"docs_per_shard": {"episodic": docs, "semantic": [10, 10, 10], "procedural": [5, 5, 5]},
+            "heaviest": {"user": "u0000", "docs_per_shard": {"episodic": heavy, "semantic": [3, 0, 0],
+                                                             "procedural": [0, 0, 0]}},
+            "shards_per_recall": shards_asked, "recall": {"heaviest user": timing, "users by activity": timing}}
+
+
+def test_the_hot_shard_table_reads_the_skew_and_the_heaviest_users_share():
+    """Issue 37: the largest shard against the mean of its index (worst index), the heaviest user's share of all
+    user documents, and where its episodes sit."""
+    from atlas.research.cluster_bench import shards_table
+
+    results = {"meta": {"plan": {"scale": 1000}, "nodes": 3},
+               "partitions": {"1": _partition_run([60, 20, 10], [0, 0, 30], 4),
+                              "2": _partition_run([35, 30, 25], [15, 0, 15], 7)}}
+    shown = shards_table(results)
+    one, two = (dict(zip(shown.columns, row, strict=True)) for row in shown.rows)
+    assert one["largest shard / mean"] == "2.00" and two["largest shard / mean"] == "1.17"
+    assert one["heaviest user's share"] == "24.4%"  # 30 + 3 of the 90 + 30 + 15 user documents
+    assert one["its episodic shards"] == "0 / 0 / 30" and two["shards a recall asks"] == 7
+
+
+def test_the_recorded_shards_run_is_what_scaling_quotes():
+    """Issue 37: docs/scaling.md's hot-shard block is rendered from the committed run (`atlas bench-nodes
+    --study shards --record`)."""
+    from atlas.config import REPO_ROOT
+    from atlas.research.bench import RECORDED_DIR, load_results
+    from atlas.research.cluster_bench import SHARDS, render_shards_markdown
+
+    recorded = load_results(RECORDED_DIR, plans=["shards"])
+    assert recorded is not None and recorded["meta"]["plan"]["scale"] == SHARDS.scale
+    text = (REPO_ROOT / "docs" / "scaling.md").read_text()
+    start, end = text.index("<!-- shards:start -->"), text.index("<!-- shards:end -->")
+    assert render_shards_markdown(recorded) in text[start:end]
+
+
 def test_latency_figure_has_a_line_per_mode_and_percentile_on_log_axes(tmp_path):
     """Issue 21: every corpus size on a log axis, p50 and p95 of each mode and each peer named in the legend."""
     from atlas.notebook.plots import bench_latency
@@ -214,8 +251,8 @@ def test_arms_ask_the_same_recalls_and_compare_each_top_with_the_first_arms(stor
         for days in (1, 30, 400):
             write_episode(store, user, f"{user}'s porch sensor went offline {days} days ago.")
     corpus = Corpus(docs=[], heads=[], details=[], users=users)
-    arms = {"default": Tuning(), "rescore 400": Tuning(rescore=400)}
-    out = measure_arms(store, corpus, ["porch sensor offline"], "bm25", arms, 4, 1, random.Random(0), store.now())
+    arms = {"default": (store, Tuning()), "rescore 400": (store, Tuning(rescore=400))}
+    out = measure_arms(corpus, ["porch sensor offline"], "bm25", arms, 4, 1, random.Random(0), store.now())
     assert list(out) == list(arms)
     for stats in out.values():
         assert stats["n"] == 4 and stats["same_top_k"] == 1.0 and stats["took_ms"]["took_bm25"] > 0

@@ -5,14 +5,21 @@ from __future__ import annotations
 import os
 import pwd
 import socket
+from dataclasses import replace
 
 import pytest
 
 from atlas.config import load_settings
-from atlas.core.errors import ConnectionFailed
+from atlas.core.documents import build_document
+from atlas.core.errors import ConnectionFailed, ValidationError
+from atlas.core.memory import bulk_load, write_episode, write_memory
+from atlas.core.recall import recall
 from atlas.ops import cluster
 from atlas.ops.errors import ClusterError
+from atlas.research.cluster_bench import primary_docs
 from atlas.security.connection import connect, server_version, version_problem
+from atlas.stack import open_store
+from tests.conftest import NOW, make_prefix
 
 LOCAL = load_settings().local
 local_only = pytest.mark.skipif(not LOCAL, reason="ES_URL points at an external cluster")
@@ -106,3 +113,38 @@ def test_three_nodes_have_own_ports_folders_and_one_cluster(tmp_path):
         assert "discovery.seed_hosts: [127.0.0.1:9301, 127.0.0.1:9302, 127.0.0.1:9303]" in text
     assert (settings.shards, settings.replicas, settings.es_heap) == (3, 1, "512m")
     assert settings.secrets_dir != load_settings(home=tmp_path, es_nodes=1).secrets_dir
+
+
+@pytest.mark.cluster
+def test_a_routing_partition_spreads_each_user_over_that_many_shards(es):
+    """Issue 37, hot shards: with `routing_partition` 2 of 3 shards, one user's documents sit on two shards of each
+    user index (Elasticsearch ignores the partition unless the routing shards are the shards: elasticsearch#48863),
+    every write carries the routing, recall and supersession work as on one shard, and the catalog keeps one shard
+    and takes items without an owner."""
+    settings = replace(load_settings(), shards=3, routing_partition=2)
+    store = open_store(make_prefix("partition"), es=es, settings=settings, now=lambda: NOW)
+    try:
+        bulk_load(store, [build_document(None, "Lumio Hub v2: a smart home hub", "catalog", NOW)], refresh=True)
+        for turn in range(24):
+            write_episode(store, "sarah", f"Sarah asks about the hall lights, turn {turn}")
+        old = write_memory(store, "sarah", "Sarah lives in Bristol", "semantic")
+        new = write_memory(store, "sarah", "Sarah lives in Edinburgh now", "semantic", supersedes_id=old)
+        es.indices.refresh(index=store.indices)
+        held = primary_docs(es, f"{store.prefix}-episodic")
+        assert sum(held) == 24 and sum(1 for n in held if n) == 2, held
+        layout = es.indices.get_settings(index=f"{store.prefix}-episodic")[f"{store.prefix}-episodic"]
+        assert layout["settings"]["index"]["routing_partition_size"] == "2"
+        assert primary_docs(es, f"{store.prefix}-catalog") == [1]
+        result = recall(store, "sarah", "where does Sarah live?", k=5)
+        assert new in result.ids() and old not in result.ids()
+        with pytest.raises(Exception, match="routing_missing_exception"):
+            es.index(index=f"{store.prefix}-episodic", document={"text": "no owner"})
+    finally:
+        store.drop()
+
+
+@pytest.mark.parametrize("partition", [0, 3, 4])
+def test_a_routing_partition_is_one_or_fewer_than_the_shards(partition):
+    with pytest.raises(ValidationError, match="ATLAS_ROUTING_PARTITION is"):
+        open_store("never", settings=replace(load_settings(), shards=3, routing_partition=partition))
+

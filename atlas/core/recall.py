@@ -136,8 +136,7 @@ def build_filters(prefix: str, user_id: str, *, code_filter: bool = True, includ
 
 @dataclass(frozen=True)
 class Tuning:
-    """Recall's research knobs, each at its measured default (docs/evaluation.md): what to change to study recall,
-    not to use it."""
+    """Recall's research knobs, each at its measured default (docs/evaluation.md): to study recall, not to use it."""
 
     #: Candidates taken from each retrieval path before fusion.
     window: int = C.RRF_WINDOW
@@ -160,15 +159,14 @@ class Tuning:
     num_candidates: int = C.KNN_NUM_CANDIDATES
 
     def checked(self) -> Tuning:
-        for value, what in ((self.window, "window"), (self.pool, "pool"), (self.rank_constant, "rank_constant")):
+        for value, what in ((self.window, "window"), (self.pool, "pool"), (self.rank_constant, "rank_constant"),
+                            (self.num_candidates, "num_candidates")):
             check_k(value, limit=10_000, what=what)
         check_k(self.rescore, limit=10_000, what="rescore", low=0)
-        check_k(self.num_candidates, limit=10_000, what="num_candidates")
-        check_number(self.rrf_weight, low=0, high=10, what="rrf_weight")
-        check_number(self.hub_penalty, low=0, high=10, what="hub_penalty")
-        check_flag(self.routed, "routed")
-        check_flag(self.idf, "idf")
-        check_flag(self.exact_stop_words, "exact_stop_words")
+        for number, what in ((self.rrf_weight, "rrf_weight"), (self.hub_penalty, "hub_penalty")):
+            check_number(number, low=0, high=10, what=what)
+        for flag, what in ((self.routed, "routed"), (self.idf, "idf"), (self.exact_stop_words, "exact_stop_words")):
+            check_flag(flag, what)
         return self
 
 

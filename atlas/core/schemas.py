@@ -22,10 +22,12 @@ from atlas.constants import (
     HNSW_EF_CONSTRUCTION,
     HNSW_M,
     MEMORY_TYPES,
+    ROUTING_PARTITION_SIZE,
     SINGLE_NODE_REPLICAS,
     SINGLE_NODE_SHARDS,
     SOURCE_VECTORS,
     STATE_SUFFIX,
+    USER_MEMORY_TYPES,
     VECTOR_INDEX,
     MemoryType,
     VectorIndex,
@@ -90,8 +92,7 @@ def common_mappings(dims: int, rerank_dims: int | None, *, vector_index: VectorI
     vector = {"type": "dense_vector", "dims": dims, "similarity": "cosine", "index": True,
               "index_options": vector_index_options(dims, vector_index)}
     properties: dict = {
-        # text: stemmed, without stop words. text.exact keeps tokens such as "E-0x41" or "17.4"
-        # whole: whitespace + lowercase.
+        # text: stemmed, without stop words; text.exact keeps tokens such as "E-0x41" or "17.4" whole (lowercased).
         "text": {"type": "text", "analyzer": "atlas_english",
                  "fields": {"exact": {"type": "text", "analyzer": "atlas_exact"}}},
         # The turn an episode replies to: searched (at CONTEXT_BOOST) and embedded with the text.
@@ -272,14 +273,14 @@ def set_similarity(es: Elasticsearch, index: str) -> None:
         es.indices.open(index=index, wait_for_active_shards="all")
 
 
-def ensure_indices(es: Elasticsearch, prefix: str, dims: int, rerank_dims: int | None, *,
-                   upgrade: bool = True, shards: int = SINGLE_NODE_SHARDS, replicas: int = SINGLE_NODE_REPLICAS,
-                   vector_index: VectorIndex = VECTOR_INDEX, source_vectors: bool = SOURCE_VECTORS) -> dict[str, str]:
-    """Create missing indices; check existing ones. Returns {index: "created"|"ok"|"upgraded"}.
-
-    New fields and another similarity are applied in place when `upgrade` (the latter closes
-    the index for a moment); a changed field type or vector format cannot be, and raises `SchemaMismatch`
-    naming each difference (export the users and import them into a new prefix, or drop the prefix).
+def ensure_indices(es: Elasticsearch, prefix: str, dims: int, rerank_dims: int | None, *, upgrade: bool = True,
+                   shards: int = SINGLE_NODE_SHARDS, replicas: int = SINGLE_NODE_REPLICAS,
+                   partition: int = ROUTING_PARTITION_SIZE, vector_index: VectorIndex = VECTOR_INDEX,
+                   source_vectors: bool = SOURCE_VECTORS) -> dict[str, str]:
+    """Create missing indices (a user's documents spread over `partition` shards of each user index); check existing
+    ones. Returns {index: "created"|"ok"|"upgraded"}. New fields and another similarity are applied in place when
+    `upgrade` (the latter closes the index for a moment); a changed field type or vector format cannot be, and raises
+    `SchemaMismatch` naming each difference (export the users and import them into a new prefix, or drop the prefix).
     """
     es.cluster.put_component_template(name=f"{prefix}-common", **build_component_template_body(
         dims, rerank_dims, shards=shards, replicas=replicas, vector_index=vector_index, source_vectors=source_vectors))
@@ -294,9 +295,12 @@ def ensure_indices(es: Elasticsearch, prefix: str, dims: int, rerank_dims: int |
     def create(index: str) -> None:
         suffix = index.removeprefix(f"{prefix}-")
         expected = index_mappings(suffix, dims, rerank_dims, vector_index=vector_index, source_vectors=source_vectors)
-        # The catalog's world data has no owner to route by: one shard, which a routed recall reads whole.
-        es.indices.create(index=index, mappings=expected,
-                          settings={"number_of_shards": CATALOG_SHARDS} if suffix == "catalog" else None)
+        # The catalog's world data has no owner to route by: one shard, which a routed recall reads whole. A partition
+        # needs routing on every write, and is ignored unless the routing shards are the shards (elasticsearch#48863).
+        spread = partition > 1 and suffix in USER_MEMORY_TYPES
+        es.indices.create(index=index, mappings=expected | ({"_routing": {"required": True}} if spread else {}),
+                          settings={"number_of_shards": CATALOG_SHARDS} if suffix == "catalog" else
+                          {"routing_partition_size": partition, "number_of_routing_shards": shards} if spread else None)
         report[index] = "created"
 
     # Together: the master folds concurrent creations into fewer cluster-state updates (half the wait of one by one).

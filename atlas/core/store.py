@@ -51,8 +51,7 @@ class SecondStage(Protocol):
         ...
 
     def scores(self, query: str, texts: Sequence[str], vectors: np.ndarray | None) -> np.ndarray:
-        """One score per candidate, higher is better, on any scale; `vectors` are the stored
-        `rerank_embedding`s."""
+        """One score per candidate, higher is better, on any scale; `vectors` are the stored `rerank_embedding`s."""
         ...
 
 

@@ -137,8 +137,7 @@ def _settled(store: Store, user_id: str, doc: Owned) -> bool:
 
 
 def _undo(store: Store, user_id: str, new_id: str, memory_type: C.MemoryType, marked: Sequence[Owned]) -> None:
-    """Roll back a half-done supersession: unmark what we marked (its valid time as it was), delete the new
-    document."""
+    """Roll back a half-done supersession: unmark what we marked (valid time as it was), delete the new document."""
     for old in marked:
         store.es.update(index=old.index, id=old.id, routing=old.routing,
                         doc={"superseded_by": None, "superseded_at": None, "valid_to": old.source.get("valid_to")})

@@ -301,23 +301,25 @@ def settle_merges(es: Elasticsearch, prefix: str, *, poll_s: float = 5.0, limit_
     return {"waited_s": time.perf_counter() - started, "loadavg": os.getloadavg(), "still_merging": merges}
 
 
-def measure_arms(store: Store, corpus: Corpus, queries: Sequence[str], mode: C.RecallMode, arms: dict[str, Tuning],
-                 reps: int, warmup: int, rng: random.Random, now: datetime, k: int = 10) -> dict:
-    """The same `reps` recalls (users drawn by activity) in each arm, the arms in turn for each, a different one first
-    each time (the first of a recall pays for what the others find cached: the term statistics' search, pages):
-    per arm the latency, the mean server time of each path's search, and the share of recalls whose top `k` is the
-    first arm's."""
-    weights = user_weights(corpus.users)
+def measure_arms(corpus: Corpus, queries: Sequence[str], mode: C.RecallMode, arms: dict[str, tuple[Store, Tuning]],
+                 reps: int, warmup: int, rng: random.Random, now: datetime, k: int = 10, *,
+                 users: Sequence[str] | None = None) -> dict:
+    """The same `reps` recalls (users drawn by activity, or from `users`) in each arm (a store holding `corpus` and a
+    `Tuning`), the arms in turn for each, a different one first each time (the first of a recall pays for what the
+    others find cached: the term statistics' search, pages): per arm the
+    latency, the mean server time of each path's search, and the share of recalls whose top `k` is the first arm's."""
+    weights = user_weights(corpus.users) if users is None else None
     totals: dict[str, list[float]] = {arm: [] for arm in arms}
     took: dict[str, dict[str, list[float]]] = {arm: {"took_bm25": [], "took_dense": []} for arm in arms}
     same = dict.fromkeys(arms, 0)
     for i in range(warmup + reps):
-        user, query = rng.choices(corpus.users, weights)[0], rng.choice(queries)
+        user, query = rng.choices(users or corpus.users, weights)[0], rng.choice(queries)
         names = list(arms)
         top: dict[str, list[str]] = {}
         for arm in names[i % len(names):] + names[:i % len(names)]:
+            store, tuning = arms[arm]
             started = time.perf_counter()
-            result = recall(store.at(now), user, query, k=k, mode=mode, tuning=arms[arm])
+            result = recall(store.at(now), user, query, k=k, mode=mode, tuning=tuning)
             elapsed = time.perf_counter() - started
             top[arm] = result.ids()
             if i >= warmup:

@@ -1,4 +1,4 @@
-"""Three local nodes beside one, in one run: `atlas bench-nodes`.
+"""Three local nodes beside one, in one run (`atlas bench-nodes`), and hot shards on three (`--study shards`).
 
 The same synthetic corpus (`atlas.research.bench`) is loaded into each cluster in turn: recall p50/p95 per
 mode with routing (`routing=user_id`, one shard per index) and without (every shard), write latency (with
@@ -12,29 +12,37 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from elasticsearch import Elasticsearch
+
 from atlas import constants as C
 from atlas.config import Settings, load_settings
 from atlas.core.clock import es_date
+from atlas.core.recall import DEFAULT_TUNING
+from atlas.core.schemas import all_indices, index_name
+from atlas.core.store import Store
 from atlas.models.embed import load_embedder
 from atlas.reporting import Table, table
 from atlas.research.bench import (
     BENCH_NOW,
     ClauseVectors,
+    Corpus,
     bench_store,
     clause_pool,
     index_size,
     load_corpus,
     machine,
+    measure_arms,
     measure_recall,
     measure_writes,
     memory_use,
     provision_users,
     questions,
+    settle_merges,
     synthetic_corpus,
     vector_specs,
     write_json,
@@ -62,16 +70,22 @@ NODES = NodesPlan("nodes", 100_000, recall_reps=40, warmup=3, write_reps=20)
 NODES_SMOKE = NodesPlan("nodes-smoke", 2_000, recall_reps=8, warmup=2, write_reps=4, clauses_per_type=40)
 
 
+def _corpus(settings: Settings, store: Store, plan: NodesPlan, rng: random.Random,
+            progress: bool) -> tuple[ClauseVectors, Corpus, list[str]]:
+    """The plan's synthetic corpus, the clause vectors it is built from, and the questions it is asked."""
+    pool, asked = clause_pool(rng, plan.clauses_per_type), questions(rng)
+    clauses = ClauseVectors(pool, {field: load_embedder(spec, cache_dir=settings.embedding_cache_dir,
+                                                        progress=None if progress else False)
+                                   for field, spec in vector_specs(store, settings).items()})
+    return clauses, synthetic_corpus(plan.scale, clauses, rng, BENCH_NOW), asked
+
+
 def measure_cluster(settings: Settings, plan: NodesPlan, *, prefix: str, seed: int, progress: bool) -> dict:
     """Everything measured on one cluster, on a fresh prefix dropped afterwards."""
     es = connect(settings)
     store = bench_store(prefix, settings, es)
     rng = random.Random(seed)
-    pool, asked = clause_pool(rng, plan.clauses_per_type), questions(rng)
-    clauses = ClauseVectors(pool, {field: load_embedder(spec, cache_dir=settings.embedding_cache_dir,
-                                                        progress=None if progress else False)
-                                   for field, spec in vector_specs(store, settings).items()})
-    corpus = synthetic_corpus(plan.scale, clauses, rng, BENCH_NOW)
+    clauses, corpus, asked = _corpus(settings, store, plan, rng, progress)
     try:
         out: dict = {"nodes": settings.es_nodes, "shards": settings.shards, "replicas": settings.replicas,
                      "machine": machine(es), "user_keys": provision_users(store, corpus.users),
@@ -103,6 +117,109 @@ def run_nodes(*, nodes: int = 3, plan: NodesPlan = NODES, baseline: Settings | N
     results["meta"]["duration_s"] = time.perf_counter() - started
     write_json(results, out_dir if out_dir is not None else cluster.outputs_dir)
     return results
+
+
+# --- hot shards ---------------------------------------------------------------------------------
+
+#: Hot shards (issue 37): one corpus on the local N-node cluster, each user on one shard of each user index, then
+#: spread over two (`Settings.routing_partition`, docs/scaling.md).
+SHARDS = NodesPlan("shards", 100_000, recall_reps=60, warmup=3, write_reps=0)
+SHARDS_SMOKE = NodesPlan("shards-smoke", 2_000, recall_reps=8, warmup=2, write_reps=0, clauses_per_type=40)
+PARTITIONS = (1, 2)
+
+
+def primary_docs(es: Elasticsearch, index: str) -> list[int]:
+    """Documents in each primary shard of `index`, by shard number."""
+    shards = es.indices.stats(index=index, level="shards")["indices"][index]["shards"]
+    return [next(c["docs"]["count"] for c in shards[str(n)] if c["routing"]["primary"]) for n in range(len(shards))]
+
+
+def load_partition(store: Store, settings: Settings, corpus: Corpus, clauses: ClauseVectors, *, seed: int,
+                   progress: bool) -> dict:
+    """`corpus` into `store` (of `settings.routing_partition` shards per user), merges settled; then where the
+    documents sit: per user index, documents per primary shard, the heaviest user's (the Zipf head, `user_weights`)
+    per shard, and the shards a recall routed by that user asks."""
+    es = store.es
+    heaviest = corpus.users[0]
+    out: dict = {"partition": settings.routing_partition, "shards": settings.shards,
+                 "user_keys": provision_users(store, corpus.users),
+                 "ingest_per_s": load_corpus(store, corpus, clauses, seed, progress=progress),
+                 "merges": settle_merges(es, store.prefix)}
+    es.indices.refresh(index=store.indices)
+    indices = {t: index_name(store.prefix, t) for t in C.USER_MEMORY_TYPES}
+    out["docs_per_shard"] = {t: primary_docs(es, index) for t, index in indices.items()}
+    out["heaviest"] = {"user": heaviest, "docs_per_shard": {t: [
+        es.count(index=index, preference=f"_shards:{n}", query={"term": {"user_id": heaviest}})["count"]
+        for n in range(settings.shards)] for t, index in indices.items()}}
+    read = ",".join(all_indices(store.prefix, archive=False))  # what a recall reads
+    layout = connect(settings, operator=True).search_shards(index=read, routing=heaviest)
+    out["shards_per_recall"] = len(layout["shards"])  # `search_shards` needs more than the service user's role
+    return out
+
+
+def run_shards(*, nodes: int = 3, plan: NodesPlan = SHARDS, prefix: str = "bshards", seed: int = 7,
+               out_dir: str | Path | None = None, progress: bool = True) -> dict:
+    """The same corpus on the local `nodes`-node cluster once per partition size of `PARTITIONS` (`load_partition`),
+    then the default mode's recalls for the heaviest user and for users drawn by activity, asked of every prefix in
+    turn (`measure_arms`: none gains from going second); writes `<out_dir>/bench/bench-<plan>.json`."""
+    cluster = load_settings(es_nodes=nodes)
+    started = time.perf_counter()
+    rng = random.Random(seed)
+    stores: dict[str, Store] = {}
+    results: dict = {"meta": {"plan": asdict(plan), "seed": seed, "now": es_date(BENCH_NOW), "nodes": nodes,
+                              "recorded": datetime.now(UTC).date().isoformat(),
+                              "corpus": "templates + composed clause vectors (see atlas.research.bench)"},
+                     "partitions": {}}
+    try:
+        for partition in PARTITIONS:
+            settings = replace(cluster, routing_partition=partition)
+            store = stores[str(partition)] = bench_store(f"{prefix}-p{partition}", settings, connect(settings))
+            if partition == PARTITIONS[0]:  # one corpus for every partition size
+                clauses, corpus, asked = _corpus(settings, store, plan, rng, progress)
+            results["partitions"][str(partition)] = load_partition(store, settings, corpus, clauses, seed=seed,
+                                                                   progress=progress)
+        results["meta"]["machine"] = machine(connect(cluster))
+        arms = {name: (store, DEFAULT_TUNING) for name, store in stores.items()}
+        for name, users in (("heaviest user", [corpus.users[0]]), ("users by activity", None)):
+            timed = measure_arms(corpus, asked, C.DEFAULT_RECALL_MODE, arms, plan.recall_reps, plan.warmup, rng,
+                                 BENCH_NOW, plan.k, users=users)
+            for partition, measured in timed.items():
+                results["partitions"][partition].setdefault("recall", {})[name] = measured
+    finally:
+        for store in stores.values():
+            store.drop()
+    results["meta"]["duration_s"] = time.perf_counter() - started
+    write_json(results, out_dir if out_dir is not None else cluster.outputs_dir)
+    return results
+
+
+def shards_table(results: dict) -> Table:
+    """One row per partition size: how the documents spread over the shards, and what the heaviest user pays."""
+    rows = []
+    for partition, run in results["partitions"].items():
+        episodic, heavy = run["docs_per_shard"]["episodic"], run["heaviest"]["docs_per_shard"]["episodic"]
+        total = sum(sum(docs) for docs in run["docs_per_shard"].values())
+        theirs = sum(sum(docs) for docs in run["heaviest"]["docs_per_shard"].values())
+        largest = max(max(docs) / (sum(docs) / len(docs)) for docs in run["docs_per_shard"].values())
+        rows.append({"shards per user": partition, "episodic documents per shard": " / ".join(map(str, episodic)),
+                     "largest shard / mean": f"{largest:.2f}",
+                     "heaviest user's share": f"{theirs / total:.1%}",
+                     "its episodic shards": " / ".join(map(str, heavy)),
+                     "shards a recall asks": run["shards_per_recall"],
+                     **{f"{name} p50 / p95 (ms)": f"{r['p50_ms']:.0f} / {r['p95_ms']:.0f}"
+                        for name, r in run["recall"].items()}})
+    return table(rows, title=f"Hot shards: {results['meta']['plan']['scale']:,} memories on "
+                             f"{results['meta']['nodes']} nodes, default mode", numeric=("largest shard / mean",))
+
+
+def render_shards_markdown(results: dict) -> str:
+    """docs/scaling.md's hot-shard block, from a `run_shards` result: the command, then `shards_table`."""
+    meta = results["meta"]
+    head = (f"Reproduce with `atlas bench-nodes --study shards --scale {meta['plan']['scale']}` (recorded "
+            f"{meta['recorded']}, {meta['duration_s'] / 60:.0f} min; {meta['plan']['recall_reps']} recalls per row "
+            f"and column, the partitions asked in turn; load average {meta['machine']['loadavg_start'][0]:.1f} when "
+            "the recalls began).")
+    return f"{head}\n\n{shards_table(results).to_markdown()}"
 
 
 def per_memory(result: dict) -> dict[str, float]:
