@@ -191,6 +191,8 @@ def test_latency_figure_has_a_line_per_mode_and_percentile_on_log_axes(tmp_path)
     labels = ax.get_legend_handles_labels()[1]
     assert labels[:4] == ["bm25 p50", "bm25 p95", "hybrid p50", "hybrid p95"] and len(labels) == 7
     assert all(len(line.get_xdata()) == 3 for line in ax.get_lines()[:4])
+    highest = max(max(line.get_ydata()) for line in ax.get_lines())
+    assert max(ax.get_yticks()) >= highest, "a labelled tick above every point (issue 35: none above 200 ms)"
     assert (tmp_path / "figures" / "bench_recall_latency.png").is_file()
 
 
@@ -208,8 +210,8 @@ def test_ingest_figure_sets_the_load_beside_the_models_ceiling(tmp_path):
     from atlas.notebook.plots import bench_ingest
 
     left, right = bench_ingest(_ingest_results(), out_dir=tmp_path).axes
-    assert [p.get_height() for p in left.patches] == [600, 800, 19, pytest.approx(30.0)]
-    assert left.get_yscale() == "log" and left.get_ylim()[0] == 1
+    assert [line.get_ydata()[0] for line in left.get_lines()] == [600, 800, 19, pytest.approx(30.0)]
+    assert left.get_yscale() == "log" and left.get_ylim()[0] == 1 and not left.patches, "points, not bars, on log"
     assert [p.get_height() for p in right.patches] == [60, 30, 90, 45]
     assert right.get_legend_handles_labels()[1] == ["inside bulk_load", "alone, batched, no cache"]
     assert (tmp_path / "figures" / "bench_ingest.png").is_file()

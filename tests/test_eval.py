@@ -357,6 +357,16 @@ def test_numbers_in_the_prose_are_recorded_ones():
     assert quoted <= recorded | published, sorted(quoted - recorded - published)
 
 
+def test_the_stop_word_study_is_what_evaluation_quotes():
+    """Issue 35: docs/evaluation.md's stop-word table is the recorded study's (`scripts/tuning_study.py --study
+    stopwords --conversations 0 --record`), every development conversation, both sets."""
+    study = json.loads((results.STUDIES_DIR / "stopwords.json").read_text())
+    text = (REPO / "docs" / "evaluation.md").read_text(encoding="utf-8")
+    start, end = text.index("<!-- stopwords:start -->"), text.index("<!-- stopwords:end -->")
+    assert results.study_table(study).to_markdown() in text[start:end]
+    assert study["conversations"] == len(load_conversations()), "the study asked every development conversation"
+
+
 # --- the fusion study ---------------------------------------------------------------------------
 
 

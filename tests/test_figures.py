@@ -70,6 +70,22 @@ def _overlapping(fig: Figure) -> list[tuple[str, str]]:
     return pairs
 
 
+def _legend_over_labels(fig: Figure) -> list[str]:
+    """The axis labels and titles a legend of the figure covers (issue 35: 09's legend sat on its x label)."""
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    covered = []
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        box = legend.get_window_extent(renderer)
+        for text in (ax.xaxis.label, ax.yaxis.label, ax.title):
+            if text.get_text() and box.overlaps(text.get_window_extent(renderer)):
+                covered.append(text.get_text())
+    return covered
+
+
 @pytest.mark.parametrize("name", FIGURES)
 def test_figure_is_labelled_and_saved(name, tmp_path):
     fig = FIGURES[name](tmp_path)
@@ -82,6 +98,8 @@ def test_figure_is_labelled_and_saved(name, tmp_path):
     named = [ax for ax in plotted if ax.get_legend() is not None] or len(fig.axes) > len(plotted)  # legend or bar
     assert named, f"{name}: nothing names what is drawn (no legend, no colour bar)"
     assert not _overlapping(fig), f"{name}: overlapping tick labels {_overlapping(fig)}"
+    assert not _legend_over_labels(fig), f"{name}: a legend over {_legend_over_labels(fig)}"
+    assert not [ax for ax in fig.axes if ax.get_yscale() == "log" and ax.containers], f"{name}: bars on a log axis"
     assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 0
 
 
@@ -89,3 +107,20 @@ def test_grouped_bars_name_their_intervals_and_reference(tmp_path):
     """Issue 21: the error bars say what they are in the legend, beside the modes and the reference tick."""
     labels = FIGURES["grouped_bars"](tmp_path).axes[0].get_legend_handles_labels()[1]
     assert sorted(labels) == ["95% bootstrap interval", "bm25", "hybrid", "reference"]
+
+
+def test_the_memory_loop_names_every_step_and_index_without_overlaps(tmp_path):
+    """Lesson 00's picture: every step of the loop and every memory type is written, no two texts overlap, and
+    each write in `LOOP_STEPS` is an arrow (with one dashed arrow per index for recall)."""
+    holds = {"episodic": "turns", "semantic": "facts", "procedural": "playbooks", "catalog": "shared"}
+    fig = plots.memory_loop(holds, out_dir=tmp_path)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    texts = [t for t in fig.axes[0].texts if t.get_text()]
+    written = " ".join(t.get_text() for t in texts)
+    assert all(step in written for step, _ in plots.LOOP_STEPS) and all(t in written for t in holds)
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    assert not [(a, b) for (a, box_a), (b, box_b) in combinations(boxes, 2) if box_a.overlaps(box_b)]
+    arrows = [t for t in fig.axes[0].texts if not t.get_text() and getattr(t, "arrow_patch", None) is not None]
+    writes = sum(len(w) for _, w in plots.LOOP_STEPS)
+    assert len(arrows) == (len(plots.LOOP_STEPS) - 1) + 1 + writes + len(holds)
+    assert (tmp_path / "figures" / "memory_loop.png").stat().st_size > 0

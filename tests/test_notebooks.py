@@ -41,6 +41,7 @@ from nbval.plugin import (
     transform_streams_for_comparison,
 )
 
+from atlas import constants as C
 from atlas.notebook.runner import (
     KERNEL,
     TIMES_FILE,
@@ -247,6 +248,103 @@ def test_openings_and_the_workshop_path_state_the_measured_times(path):
 def test_times_are_said_as_measured():
     assert [duration_words(s) for s in (0.4, 12.4, 57, 58, 75, 76, 149.6)] == [
         "5 s", "10 s", "55 s", "1 min", "1 min", "1.5 min", "2.5 min"]
+
+
+#: A number in a lesson's markdown is a claim unless it sits in code, a link's target, a list's numbering, a notebook's
+#: or an issue's name, or a sentence another test checks (the measured times, the learner's time).
+NOT_CLAIMS = (r"```.*?```", r"`[^`]*`", r"\]\([^)]*\)", r"<[^>]+>", r"(?m)^\s*\d+\.\s", r"(?m)^# \d+ ·",
+              r"(?i)\b(?:notebooks?|lessons?|issues?|step|exercises?)\s+\d+(?:\s*(?:,|and|or|to)\s*\d+)*",
+              r"\*\*How long:\*\*.*?(?:\n\n|$)", r"\*\*Your time:\*\*[^\n]*")
+NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*(?!\w)")
+
+
+def plain_number(text: str) -> str:
+    """`1,986` -> `1986`, `0.70` -> `0.7`, `4.0` -> `4`: a number as any cell may print it."""
+    text = text.replace(",", "")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def stated_numbers(markdown: str) -> set[str]:
+    """The numbers a markdown text states as claims (`NOT_CLAIMS` removed first)."""
+    for pattern in NOT_CLAIMS:
+        markdown = re.sub(pattern, " ", markdown, flags=re.S)
+    return {plain_number(n) for n in NUMBER.findall(markdown)}
+
+
+def held_numbers(nb: NotebookNode) -> set[str]:
+    """The numbers a notebook's code and committed outputs hold, and the values of `atlas.constants`."""
+    texts = [cell.source + printed(cell) + "".join(
+        str(out.get("data", {}).get(mime, "")) for out in cell.get("outputs", []) for mime in ("text/markdown",
+                                                                                             "text/html"))
+             for cell in nb.cells if cell.cell_type == "code"]
+    texts += [repr(value) for value in vars(C).values() if isinstance(value, (int, float, tuple, dict))]
+    return {plain_number(n) for text in texts for n in NUMBER.findall(text)}
+
+
+def test_a_number_in_markdown_is_a_claim_unless_it_names_or_codes_something():
+    markdown = ("R@10 rose from 0.97 to 0.980 over 1,986 questions (notebook 02, issues 35 and 37); `k=50` "
+                "[link](solutions/03.ipynb)\n1. first\n**How long:** 5 s")
+    assert stated_numbers(markdown) == {"10", "0.97", "0.98", "1986"}
+    nb = nbformat.v4.new_notebook(cells=[new_code_cell("K = 10", outputs=[
+        nbformat.v4.new_output("stream", text="R@10 0.970 -> 0.98 (1986 questions)\n")])])
+    assert stated_numbers(markdown) <= held_numbers(nb)
+    assert "0.95" not in held_numbers(nb)
+
+
+@pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])
+def test_every_number_a_lesson_states_is_held_by_its_code_or_outputs(path):
+    """Issue 35: a sentence that states a number is rendered from the variables or checked, so the number is in the
+    notebook's code or committed outputs. The exercises are the learner's inputs, and are left out."""
+    nb = nbformat.read(path, as_version=4)
+    held = held_numbers(nb)
+    unheld = {i: sorted(stated_numbers(cell.source) - held) for i, cell in enumerate(nb.cells)
+              if cell.cell_type == "markdown" and not cell.source.startswith("## Exercises")}
+    unheld = {i: numbers for i, numbers in unheld.items() if numbers}
+    assert not unheld, f"{path.name}: markdown cells state numbers no code or output holds: {unheld}"
+
+
+README = (Path(__file__).resolve().parents[1] / "notebooks" / "README.md").read_text()
+#: A link to the shared glossary, from a lesson (`README.md#glossary`) or the cluster lesson (`../README.md#glossary`).
+GLOSSARY_LINK = re.compile(r"\[([^\]]+)\]\((?:\.\./)?README\.md#glossary\)")
+
+
+def your_time(stem: str) -> str:
+    """The **Your time:** sentence of a lesson's opening, from its row of the workshop path in notebooks/README.md."""
+    row = re.search(rf"^\| \d+ \| `(?:cluster/)?{stem}`.*\| (\d+) \+ (\d+) min \|$", README, flags=re.M)
+    assert row, f"{stem}: no row with a learner's time in notebooks/README.md's workshop path"
+    return f"**Your time:** about {row[1]} min reading and trying, {row[2]} min on the exercises."
+
+
+@pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])
+def test_each_lesson_has_your_time_try_it_prompts_takeaways_and_exercises(path):
+    """Issue 35's scaffolding: the learner's time in the opening, as the workshop path gives it; one or two
+    **Try it:** prompts in the lesson; **Key takeaways** after them and before the exercises, the last cell."""
+    nb = nbformat.read(path, as_version=4)
+    assert your_time(path.stem) in _opening(nb)
+    markdown = [(i, cell.source) for i, cell in enumerate(nb.cells) if cell.cell_type == "markdown"]
+    tries = [i for i, text in markdown for _ in re.finditer(r"\*\*Try it:\*\*", text)]
+    takeaways = [i for i, text in markdown if text.startswith("## Key takeaways")]
+    assert nb.cells[-1].source.startswith("## Exercises"), "the exercises are the last cell"
+    assert 1 <= len(tries) <= 2, f"{len(tries)} **Try it:** prompts"
+    assert len(takeaways) == 1 and max(tries) < takeaways[0], "one **Key takeaways** cell, after the prompts"
+
+
+def singular(word: str, terms: set[str]) -> str:
+    """A linked word as the glossary names it: `facts` links the term `fact`."""
+    return word.removesuffix("s") if word not in terms and word.removesuffix("s") in terms else word
+
+
+def test_the_glossary_is_linked_from_the_lessons():
+    """Every term a lesson links to the glossary has its row there, and every row is linked from some lesson."""
+    glossary = re.search(r"^## Glossary\n(.*?)^## ", README, flags=re.M | re.S)
+    assert glossary, "notebooks/README.md has no ## Glossary section"
+    terms = {row[1].strip("` ").lower() for row in re.finditer(r"^\| ([^|]+) \| [^|]+ \|$", glossary[1], flags=re.M)}
+    terms.discard("term")
+    linked = {singular(m[1].strip("`").lower(), terms): path.stem for path in ALL
+              for m in GLOSSARY_LINK.finditer("".join(c.source for c in nbformat.read(path, as_version=4).cells
+                                                      if c.cell_type == "markdown"))}
+    assert not linked.keys() - terms, f"linked, not in the glossary: {sorted(linked.keys() - terms)}"
+    assert not terms - linked.keys(), f"in the glossary, linked from no lesson: {sorted(terms - linked.keys())}"
 
 
 @pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])

@@ -20,7 +20,7 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import Patch, Rectangle
+from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from atlas.core.clock import parse_date
@@ -28,6 +28,8 @@ from atlas.core.scoring import DEFAULT_PARAMS, ScoringParams, days, recency, use
 
 FIGURES = "figures"
 DPI = 120
+#: Labelled ticks of a logarithmic milliseconds axis.
+LOG_TICKS = (1, 2, 5, 10, 20, 50, 100, 200, 300, 500, 1000, 2000, 5000, 10000, 20000, 50000)
 
 
 def save(fig: Figure, name: str, out_dir: str | Path) -> Path:
@@ -193,7 +195,7 @@ def supersession_timeline(chain: Sequence[Mapping], *, now: datetime, labels: Ma
                Line2D([], [], color="C2", marker=">", label="retired by (natural)"),
                Line2D([], [], color="C3", marker=">", label="retired by (harsh)"),
                Line2D([], [], color="black", linestyle=":", label="NOW")]
-    ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncols=5, frameon=False)
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return _finish(fig, name, out_dir)
 
 
@@ -282,7 +284,9 @@ def bench_latency(results: Mapping, *, out_dir: str | Path | None = None, name: 
            title=f"Recall latency against corpus size ({len(sizes)} corpora)")
     ax.minorticks_off()
     low, high = ax.get_ylim()
-    ax.set_yticks([t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000) if low <= t <= high])
+    top = min(t for t in LOG_TICKS if t >= high)  # the axis ends on a labelled tick above every point
+    ax.set_ylim(low, top)
+    ax.set_yticks([t for t in LOG_TICKS if low <= t <= top])
     ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
@@ -337,8 +341,8 @@ def ingest_ceiling(results: Mapping) -> float:
 
 
 def bench_ingest(results: Mapping, *, out_dir: str | Path | None = None, name: str = "bench_ingest") -> Figure:
-    """Left: memories per second (log scale) of `_bulk` with precomputed vectors per corpus, of `bulk_load` with
-    both models, and the ceiling the models alone allow (`ingest_ceiling`).
+    """Left: memories per second (points on a log scale) of `_bulk` with precomputed vectors per corpus, of `bulk_load`
+    with both models, and the ceiling the models alone allow (`ingest_ceiling`).
     Right: each model's texts per second inside that load against alone, batched."""
     ingest, alone = results["ingest"], {n: e["passages_per_s"] for n, e in results["embedding"].items()}
     loaded = ingest["with_embedding"]
@@ -348,10 +352,14 @@ def bench_ingest(results: Mapping, *, out_dir: str | Path | None = None, name: s
     plt.close(fig)
     left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     colors = ["tab:blue"] * len(ingest["without_embedding"]) + ["tab:orange", "tab:grey"]
-    drawn = left.bar(list(bars), list(bars.values()), color=colors)
-    left.bar_label(drawn, fmt="%.0f", fontsize=7)
-    left.set(yscale="log", ylim=(1, max(bars.values()) * 3), ylabel="memories per second (log scale)",
-             xlabel="what is loaded (_bulk: vectors precomputed, per corpus)", title="Memories per second")
+    for i, (rate, color) in enumerate(zip(bars.values(), colors, strict=True)):  # points: a bar's length means
+        left.plot(i, rate, "o", color=color, markersize=8)                      # nothing on a log axis
+        left.annotate(f"{rate:,.0f}", (i, rate), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7)
+    left.set_xticks(range(len(bars)), list(bars))
+    left.set(yscale="log", ylim=(1, max(bars.values()) * 3), xlim=(-0.6, len(bars) - 0.4),
+             ylabel="memories per second (log scale)", xlabel="what is loaded (_bulk: vectors precomputed, per corpus)",
+             title="Memories per second")
+    left.grid(axis="y", alpha=0.3)
     left.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
     left.tick_params(axis="x", labelsize=7)
     models = list(loaded["stages"])
@@ -434,6 +442,63 @@ def grouped_bars(values: Mapping[str, Mapping[str, float]], *, reference: Mappin
     ax.set_xticks(x, groups, fontsize=9)
     ax.set(xlabel=xlabel, ylabel=ylabel, ylim=(0, 1.05), title=title)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, ncols=min(len(series) + 2, 5), loc="upper center", bbox_to_anchor=(0.5, -0.1),
-              frameon=False)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # clear of the x label
     return _finish(fig, name, out_dir)
+
+
+# --- the on-ramp -------------------------------------------------------------------------------
+
+#: The agent's loop, one box per step, in the order a turn runs them, and the memory types each step writes.
+LOOP_STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("1  the user's message arrives", ()),
+    ("2  stored verbatim as an episode,\n    before the model answers", ("episodic",)),
+    ("3  recall on the message: BM25 + kNN\n    over all four indices, RRF, second stage", ()),
+    ("4  the memories go into the prompt;\n    the model answers", ()),
+    ("5  the model's tools write a fact,\n    or supersede one it contradicts", ("semantic",)),
+    ("6  later, offline: consolidation turns\n    episodes into facts and playbooks", ("semantic", "procedural")),
+)
+
+
+def memory_loop(indices: Mapping[str, str], *, out_dir: str | Path | None = None,
+                name: str = "memory_loop") -> Figure:
+    """The agent's loop (`LOOP_STEPS`) beside the indices it reads and writes ({memory type: what it holds},
+    in drawing order): each write is an arrow to its index, and recall reads them all."""
+    fig = plt.figure(figsize=(10.0, 5.8))
+    ax = fig.add_axes((0, 0, 1, 0.9))
+    plt.close(fig)
+    ax.set(xlim=(0, 10), ylim=(0, 6.9))
+    ax.axis("off")
+
+    def box(x: float, y: float, width: float, text: str, colour: str) -> None:
+        ax.add_patch(FancyBboxPatch((x, y - 0.36), width, 0.72, boxstyle="round,pad=0.04", facecolor=colour,
+                                    edgecolor="0.2"))
+        ax.text(x + 0.12, y, text, va="center", fontsize=9)
+
+    step_y = [6.0 - i * 1.05 for i in range(len(LOOP_STEPS))]
+    ax.text(0.4, 6.65, "the agent, each turn", fontsize=10, weight="bold")
+    for i, (text, _) in enumerate(LOOP_STEPS):
+        box(0.4, step_y[i], 4.0, text, "#eef3fb")
+        if i:
+            ax.annotate("", (1.3, step_y[i] + 0.4), (1.3, step_y[i - 1] - 0.4),
+                        arrowprops={"arrowstyle": "->", "color": "0.3"})
+    ax.annotate("", (0.35, step_y[0]), (0.35, step_y[-1]),
+                arrowprops={"arrowstyle": "->", "color": "0.5", "connectionstyle": "bar,fraction=-0.06"})
+    ax.text(0.02, (step_y[0] + step_y[-1]) / 2, "next turn", rotation=90, va="center", fontsize=8, color="0.3")
+    index_y = {t: 5.8 - i * 1.45 for i, t in enumerate(indices)}
+    ax.text(6.4, 6.65, "Elasticsearch, one index per memory type", fontsize=10, weight="bold")
+    for memory_type, holds in indices.items():
+        box(6.4, index_y[memory_type], 3.5, f"{memory_type}\n{holds}", "#fdf3e1")
+    for i, (_, writes) in enumerate(LOOP_STEPS):
+        for memory_type in writes:
+            ax.annotate("", (6.35, index_y[memory_type]), (4.45, step_y[i]),
+                        arrowprops={"arrowstyle": "->", "color": "tab:orange"})
+    for memory_type in indices:
+        ax.annotate("", (4.45, step_y[2]), (6.35, index_y[memory_type]),
+                    arrowprops={"arrowstyle": "->", "color": "tab:blue", "linestyle": "--"})
+    ax.legend(handles=[Line2D([], [], color="tab:orange", label="writes"),
+                       Line2D([], [], color="tab:blue", linestyle="--", label="recall reads")],
+              loc="lower right", fontsize=8, frameon=False)
+    fig.suptitle("One turn of an agent with Atlas's memory, and the indices it reads and writes")
+    if out_dir is not None:
+        save(fig, name, out_dir)
+    return fig

@@ -29,6 +29,8 @@ README_PATH = REPO_ROOT / "README.md"
 LLM_DOC_PATH = REPO_ROOT / "docs" / "llm.md"
 #: Every document whose results blocks are generated: `atlas eval tables --write` re-renders them all.
 DOC_PATHS = (DOC_PATH, README_PATH, LLM_DOC_PATH)
+#: Recorded tuning studies (`scripts/tuning_study.py --record`), each quoted by docs/evaluation.md.
+STUDIES_DIR = REPO_ROOT / "results" / "studies"
 #: The name of the README's block: one short table of the default mode on both data sets.
 SUMMARY = "summary"
 #: The generated blocks each document must hold: the full tables in docs/evaluation.md, the summary in the README,
@@ -476,3 +478,17 @@ def headline(report: Mapping) -> str:
         lines.append(f"  {mode:14} {shown}  p50 {latency['p50']:.0f} ms  p95 {latency['p95']:.0f} ms  "
                      f"leaks {summary['leaks']}")
     return "\n".join(lines)
+
+
+def study_table(study: Mapping) -> Table:
+    """A recorded tuning study as docs/evaluation.md quotes it: per set and mode, each arm's R@5 / R@10 in per cent
+    and, beside every arm but the first, the share of questions whose top 10 is the first arm's."""
+    arms = list(dict.fromkeys(row["arm"] for row in study["summary"]))
+    rows = []
+    for dataset, mode in dict.fromkeys((row["dataset"], row["mode"]) for row in study["summary"]):
+        cells = {row["arm"]: row for row in study["summary"] if (row["dataset"], row["mode"]) == (dataset, mode)}
+        rows.append({"set": f"{dataset} ({cells[arms[0]]['n']})", "mode": f"`{mode}`",
+                     **{arm: f"{100 * cell['r@5']:.1f} / {100 * cell['r@10']:.1f}"
+                        + ("" if arm == arms[0] else f" ({cell['same top 10']:.0%})") for arm, cell in cells.items()}})
+    return table(rows, title=f"R@5 / R@10 (%), {study['conversations']} LoCoMo conversations")
+
