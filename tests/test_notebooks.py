@@ -230,6 +230,8 @@ def test_notebook_follows_conventions(path):
         assert words in opening, f"the opening does not say {words}"
     for name in ("INDEX_PREFIX", "NOW", "SEED", "K", "SCALE", "OUT_DIR", "LLM", "KEEP"):
         assert f"{name} =" in params[0].source, f"parameter {name} missing"
+    untagged = [i for i, c in enumerate(nb.cells) if not isinstance(c.get("metadata", {}).get("tags"), list)]
+    assert not untagged, f"cells {untagged} have no `tags` list (papermill's parameterize_notebook reads every cell's)"
     last_code = [c for c in nb.cells if c.cell_type == "code"][-1]
     assert ".drop()" in last_code.source or "drop_indices" in last_code.source, "the last code cell drops the prefix"
     each_cell_twice(nb)
