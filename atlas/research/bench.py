@@ -306,8 +306,8 @@ def measure_arms(corpus: Corpus, queries: Sequence[str], mode: C.RecallMode, arm
                  users: Sequence[str] | None = None) -> dict:
     """The same `reps` recalls (users drawn by activity, or from `users`) in each arm (a store holding `corpus` and a
     `Tuning`), the arms in turn for each, a different one first each time (the first of a recall pays for what the
-    others find cached: the term statistics' search, pages): per arm the
-    latency, the mean server time of each path's search, and the share of recalls whose top `k` is the first arm's."""
+    others find cached: the term statistics' search, pages): per arm the latency, the mean server time of each path's
+    search, and the share of recalls whose top `k` is the first arm's."""
     weights = user_weights(corpus.users) if users is None else None
     totals: dict[str, list[float]] = {arm: [] for arm in arms}
     took: dict[str, dict[str, list[float]]] = {arm: {"took_bm25": [], "took_dense": []} for arm in arms}

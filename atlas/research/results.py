@@ -491,4 +491,3 @@ def study_table(study: Mapping) -> Table:
                      **{arm: f"{100 * cell['r@5']:.1f} / {100 * cell['r@10']:.1f}"
                         + ("" if arm == arms[0] else f" ({cell['same top 10']:.0%})") for arm, cell in cells.items()}})
     return table(rows, title=f"R@5 / R@10 (%), {study['conversations']} LoCoMo conversations")
-
