@@ -82,7 +82,7 @@ lint: setup
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
-# All tests: the static checks, pytest against the real cluster (notebook 06 in JupyterLab under headless
+# All tests: the static checks, pytest against the real cluster (lessons 00, 07 and 08 in JupyterLab under headless
 # Chromium among them); each notebook runs once, under papermill, and its outputs are compared with the committed
 # ones as nbval compares them (tests/test_notebooks.py); the slowest 25 tests are listed. Three pytest-xdist
 # workers, even on two cores: many tests wait on the cluster or a timer rather than the processor; the model's tests,

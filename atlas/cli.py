@@ -393,7 +393,7 @@ def bench_cmd(quick: bool = typer.Option(False, "--quick", help="1k and 10k memo
               prefix: str = typer.Option("bench", help="index prefix stem; one prefix per scale, dropped afterwards"),
               seed: int = typer.Option(7, help="seed of the synthetic corpus and of the query draws"),
               record: bool = typer.Option(False, "--record", help="also write the JSON to results/bench/ (the "
-                                                                  "committed run notebook 10 shows)"),
+                                                                  "committed run notebook 13 shows)"),
               progress: bool = typer.Option(True, help="progress bars on stderr")) -> None:
     """Latency, throughput, ingest, index size and memory in one run: outputs/bench/*.json and figures."""
     _needs("research")

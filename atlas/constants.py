@@ -116,8 +116,10 @@ HUB_CANDIDATES = 100
 #: at full weight its unstemmed stop words outvote the content words) and `context` (the messages an
 #: episode follows).
 EXACT_BOOST = 0.3
-#: Whether a query's stop words are searched in `text.exact` (its analyzer keeps them, for tokens like "E-0x41").
-EXACT_STOP_WORDS = True
+#: Whether a query's stop words are searched in `text.exact`. Its analyzer keeps them (for tokens like "E-0x41");
+#: searched, they let a chatty turn that shares only "the" or "on" with the query into BM25's top 10
+#: (docs/evaluation.md, "Stop words in `text.exact`").
+EXACT_STOP_WORDS = False
 CONTEXT_BOOST = 0.4
 #: An episode's `context` as the loaders and the agent build it: the messages before it in its session,
 #: oldest first, at most this many (for an agent: the user's previous message and its own last reply).

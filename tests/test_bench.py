@@ -180,6 +180,20 @@ def test_the_recorded_shards_run_is_what_scaling_quotes():
     assert render_shards_markdown(recorded) in text[start:end]
 
 
+def test_the_recorded_quick_run_is_what_benchmarks_quotes():
+    """Issue 37: docs/benchmarks.md's CPU profile block is the committed `atlas bench --quick --record` run, which
+    records each level's CPU per recall (this process and the node) beside its processor."""
+    from atlas.config import REPO_ROOT
+    from atlas.research.bench import RECORDED_DIR, load_results, render_markdown
+
+    recorded = load_results(RECORDED_DIR, plans=["quick"])
+    assert recorded is not None and recorded["meta"]["machine"]["cpu"]
+    assert all("cpu_ms_per_recall" in level for level in recorded["throughput"]["clients"].values())
+    text = (REPO_ROOT / "docs" / "benchmarks.md").read_text()
+    start, end = text.index("<!-- bench:quick -->"), text.index("<!-- /bench:quick -->")
+    assert render_markdown(recorded) in text[start:end]
+
+
 def test_latency_figure_has_a_line_per_mode_and_percentile_on_log_axes(tmp_path):
     """Issue 21: every corpus size on a log axis, p50 and p95 of each mode and each peer named in the legend."""
     from atlas.notebook.plots import bench_latency
@@ -280,7 +294,7 @@ def test_the_recorded_first_stage_arms_are_what_the_docs_quote():
 
 def test_the_recorded_million_run_is_what_the_docs_quote():
     """Issue 19: the growth figures in docs/benchmarks.md and the README come from the committed run that notebook
-    10 plots (`atlas bench --plan million --record`)."""
+    13 plots (`atlas bench --plan million --record`)."""
     from atlas.config import REPO_ROOT
     from atlas.research.bench import MILLION, RECORDED_DIR, load_results
 

@@ -2,7 +2,7 @@
 
 The persona run is the full documented run (all 335 questions, every mode). The LoCoMo run is the documented CI
 subset (`atlas eval locomo --ci`: the first two conversations); the full run is `make eval`. Each runs once per test
-session: when notebook 08's (or 09's) run is in the session (tests/test_notebooks.py), the checks here read the report
+session: when notebook 10's (or 11's) run is in the session (tests/test_notebooks.py), the checks here read the report
 it wrote (the same evaluation on the same data, seed and date); else they run it.
 """
 
@@ -93,21 +93,21 @@ def notebook_report(request: pytest.FixtureRequest, tmp_path_factory, stem: str,
 
 @pytest.fixture(scope="module")
 def persona_report(request, tmp_path_factory) -> dict:
-    """The report of notebook 08's run (the same `evaluate_persona` on the same data, seed and date) when it is in
+    """The report of notebook 10's run (the same `evaluate_persona` on the same data, seed and date) when it is in
     this session, else of `evaluate_persona` here."""
-    if (report := notebook_report(request, tmp_path_factory, "08_evaluation", "persona")) is not None:
+    if (report := notebook_report(request, tmp_path_factory, "10_evaluation", "persona")) is not None:
         return report
     return evaluate_persona(request.getfixturevalue("persona_store"), progress=False)
 
 
 @pytest.fixture(scope="module")
 def locomo_report(request, es, tmp_path_factory) -> Iterator[dict]:
-    """The CI subset's report: notebook 09's when it is in this session (the same loader and `evaluate_locomo` on
+    """The CI subset's report: notebook 11's when it is in this session (the same loader and `evaluate_locomo` on
     the same two conversations, every mode), else `atlas eval locomo --ci`'s evaluation here."""
     spec = results.RUNS["locomo-ci"]
     if not default_path().is_file():
         pytest.skip(f"LoCoMo data not found at {default_path()} (CC BY-NC, never in the repo)")
-    if (report := notebook_report(request, tmp_path_factory, "09_locomo", "locomo-notebook")) is not None:
+    if (report := notebook_report(request, tmp_path_factory, "11_locomo", "locomo-notebook")) is not None:
         yield report
         return
     conversations = load_conversations()[:spec.conversations]

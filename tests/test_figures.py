@@ -11,6 +11,7 @@ from itertools import combinations
 
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
 from atlas.notebook import plots
@@ -71,7 +72,7 @@ def _overlapping(fig: Figure) -> list[tuple[str, str]]:
 
 
 def _legend_over_labels(fig: Figure) -> list[str]:
-    """The axis labels and titles a legend of the figure covers (issue 35: 09's legend sat on its x label)."""
+    """The axis labels and titles a legend of the figure covers (issue 35: 11's legend sat on its x label)."""
     renderer = FigureCanvasAgg(fig).get_renderer()
     fig.draw(renderer)
     covered = []
@@ -124,3 +125,30 @@ def test_the_memory_loop_names_every_step_and_index_without_overlaps(tmp_path):
     writes = sum(len(w) for _, w in plots.LOOP_STEPS)
     assert len(arrows) == (len(plots.LOOP_STEPS) - 1) + 1 + writes + len(holds)
     assert (tmp_path / "figures" / "memory_loop.png").stat().st_size > 0
+
+
+def test_the_shard_map_names_every_user_and_node_and_outlines_the_hot_shard(tmp_path):
+    """Lesson 15's picture: in each panel every node and every user is written, no two texts overlap (within a panel,
+    nor with the titles and the legend), the hot shard alone is outlined in red, and the figure is saved."""
+    routed = {"node-1": {0: {"marco": 20}}, "node-2": {1: {"sarah": 20, "tom": 20, "priya": 20}}, "node-3": {}}
+    spread = {"node-1": {0: {"marco": 11, "sarah": 9, "priya": 12}}, "node-2": {1: {"sarah": 11, "tom": 8}},
+              "node-3": {2: {"tom": 12, "priya": 8, "marco": 9}}}
+    layouts = {"routed by user": routed, "routing_partition_size 2": spread}
+    fig = plots.shard_map(layouts, hot={"routed by user": 1}, what="episodes", out_dir=tmp_path)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    assert len(fig.axes) == len(layouts)
+    for ax, layout in zip(fig.axes, layouts.values(), strict=True):
+        written = [t.get_text() for t in ax.texts]
+        users = {u for shards in layout.values() for held in shards.values() for u in held}
+        assert all(node in written for node in layout), written
+        assert all(any(t.startswith(f"{u}: ") for t in written) for u in users), written
+        texts = [t for t in ax.texts if t.get_text()] + [ax.title]
+        boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+        assert not [(a, b) for (a, box_a), (b, box_b) in combinations(boxes, 2) if box_a.overlaps(box_b)]
+        [suptitle] = [t.get_window_extent(renderer) for t in fig.texts if t.get_text() == fig.get_suptitle()]
+        legend = fig.legends[0].get_window_extent(renderer)
+        assert not [t for t, box in boxes if box.overlaps(legend) or box.overlaps(suptitle)]
+    outlined = [p for ax in fig.axes for p in ax.patches if p.get_edgecolor() == to_rgba("tab:red")]
+    assert len(outlined) == 1
+    assert fig.get_suptitle() and (tmp_path / "figures" / "shard_map.png").stat().st_size > 0

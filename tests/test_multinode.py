@@ -271,7 +271,7 @@ def test_the_cluster_notebook_runs_end_to_end_each_lesson_cell_twice(tmp_path, e
     """On a fresh prefix, each lesson cell twice, checked as tests/test_notebooks.py checks the others: the first run
     shows what the committed notebook shows (nbval's comparison, so the notebook runs once per CI run), the second
     what the first showed."""
-    path = Path(__file__).resolve().parents[1] / "notebooks" / "cluster" / "11_three_nodes.ipynb"
+    path = Path(__file__).resolve().parents[1] / "notebooks" / "cluster" / "15_three_nodes.ipynb"
     twice = tmp_path / path.name
     nbformat.write(each_cell_twice(nbformat.read(path, as_version=4)), twice)
     prefix = unique_prefix(path)

@@ -4,15 +4,15 @@ Every cell of its lesson runs twice in a row in the same kernel, as a workshop a
 the set-up cells (tagged `setup`: parameters, imports, connect) and before the cleanup (the last code cell,
 tagged `cleanup`). The second run must pass and print what the first printed (masked as nbval masks them,
 unless the cell is tagged `nbval-ignore-output`, or `reports-first-run`: a repair or an archive says what it did,
-and run again it has nothing left to do). A cell tagged `run-once` runs once: a slow read (08's persona evaluation,
-a minute or more), to keep the test's time, or a write whose repeat would show (01's first episode, 06's new ones,
-07's conversation: a second run stores them twice).
+and run again it has nothing left to do). A cell tagged `run-once` runs once: a slow read (10's persona evaluation,
+a minute or more), to keep the test's time, or a write whose repeat would show (01's first episode, 07's new ones,
+08's conversation: a second run stores them twice).
 
 The same run also does nbval's job, so that `make test` executes each notebook once: the first run of each code
 cell must print what the committed notebook shows, compared as `pytest --nbval --nbval-sanitize-with
 notebooks/sanitize.cfg` compares them (`committed_differences`; the values papermill injected, INDEX_PREFIX and
 OUT_DIR, read as the committed defaults, which nbval would run with). The cluster notebooks are run and checked the
-same way by tests/test_multinode.py (`make test-cluster`). 08's persona report and 09's LoCoMo report are the ones
+same way by tests/test_multinode.py (`make test-cluster`). 10's persona report and 11's LoCoMo report are the ones
 tests/test_eval.py checks when both run in one session (`executed` runs a notebook once per session).
 
 The notebooks are found by `atlas.notebook.runner.discover`, so a new `notebooks/NN_*.ipynb` is tested
@@ -215,11 +215,17 @@ def _opening(nb: NotebookNode) -> str:
     return "".join(c.source for c in nb.cells[:params] if c.cell_type == "markdown")
 
 
+#: The most cells a lesson may have: about one idea's worth.
+MAX_CELLS = 35
+
+
 @pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])
 def test_notebook_follows_conventions(path):
     """Title first, the opening (what you need, `make lab`, how long, `KEEP`), a `parameters` cell with the
-    conventional names, tagged set-up cells, a cleanup cell last."""
+    conventional names, tagged set-up cells, a cleanup cell last, and no more than `MAX_CELLS` cells (issue 35:
+    one idea per lesson)."""
     nb = nbformat.read(path, as_version=4)
+    assert len(nb.cells) <= MAX_CELLS, f"{len(nb.cells)} cells: split the lesson or move detail into its solutions"
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
     assert "**What you'll learn:**" in nb.cells[0].source
     assert nb.metadata.get("kernelspec", {}).get("name") == KERNEL
@@ -430,7 +436,7 @@ _EXECUTED: dict[Path, Executed] = {}
 
 
 def executed(path: Path, tmp_path_factory: pytest.TempPathFactory) -> Executed:
-    """Run `path` (each lesson cell twice) on a fresh prefix, once per test session: test_eval reads 08's report."""
+    """Run `path` (each lesson cell twice) on a fresh prefix, once per test session: test_eval reads 10's report."""
     if path not in _EXECUTED:
         work = tmp_path_factory.mktemp(path.stem)
         nbformat.write(each_cell_twice(nbformat.read(path, as_version=4)), work / path.name)
@@ -448,7 +454,7 @@ def asks_the_model(path: Path) -> bool:
 
 #: Notebooks whose report tests/test_eval.py reads (`executed`), and the fixture that reads it: each run shares that
 #: fixture's worker under `pytest -n`.
-REPORTED = {"08_evaluation": "persona_report", "09_locomo": "locomo_report"}
+REPORTED = {"10_evaluation": "persona_report", "11_locomo": "locomo_report"}
 
 
 def worker_group(path: Path) -> str | None:

@@ -522,11 +522,12 @@ def test_a_rescored_bm25_path_gives_its_window_the_full_score(store):
 
 
 def test_stop_words_can_be_left_out_of_the_exact_subfield(store):
-    """`Tuning(exact_stop_words=False)` searches a query's stop words in neither `text` nor `text.exact`."""
+    """By default a query's stop words are searched in neither `text` nor `text.exact`;
+    `Tuning(exact_stop_words=True)` searches them in `text.exact`."""
     header = recall_header(store, "sarah", ("episodic",), archive=False)
     write_episode(store, "sarah", "The hub is on the shelf", session_id="s1")
     query = "is the hub on the shelf"
-    kept = term_weights(store, "sarah", query, header)
-    left = term_weights(store, "sarah", query, header, tuning=Tuning(exact_stop_words=False))
+    kept = term_weights(store, "sarah", query, header, tuning=Tuning(exact_stop_words=True))
+    left = term_weights(store, "sarah", query, header)
     assert kept["text.exact"].keys() == {"is", "the", "hub", "on", "shelf"}
     assert left["text.exact"].keys() == {"hub", "shelf"} and left["text"] == kept["text"]

@@ -37,6 +37,8 @@ if TYPE_CHECKING:  # annotations only: importing consolidation pulls in openai, 
 VECTOR_HEAD = 3
 #: Decimals of a score `approx` shows.
 APPROX_DECIMALS = 2
+#: Lines of JSON a lesson prints before folding the rest (`show_json`, `show_request(lines=...)`).
+FOLD_LINES = 25
 
 
 def short_id(doc_id: str | None, labels: Mapping[str, str] | None = None) -> str:
@@ -174,24 +176,39 @@ def elide_vectors(requests: list[dict], head: int = VECTOR_HEAD) -> list[dict]:
     return out
 
 
-def show_request(requests: list[dict], *, full: bool = False, pretty: bool = False,
+def folded(text: str, *, lines: int | None = FOLD_LINES, save_to: str | Path | None = None,
+           whole: str | None = None) -> None:
+    """Print `text`'s first `lines` lines (None: all) and how many are left out; `save_to` also writes `whole`
+    (default `text`) to that file, and the last line says where."""
+    shown = text.splitlines()
+    if lines is not None and len(shown) > lines:
+        shown = shown[:lines] + [f"... {len(shown) - lines} more lines"]
+    print("\n".join(shown))
+    if save_to is not None:
+        path = Path(save_to)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text((text if whole is None else whole) + "\n")
+        print(f"(the whole of it is in {path.parent.name}/{path.name})")
+
+
+def show_json(value: object, *, lines: int | None = FOLD_LINES, save_to: str | Path | None = None) -> None:
+    """`value` laid out by `compact_json`, folded after `lines` lines (`folded`); `save_to` keeps all of it."""
+    folded(compact_json(value), lines=lines, save_to=save_to)
+
+
+def show_request(requests: list[dict], *, full: bool = False, pretty: bool = False, lines: int | None = None,
                  save_to: str | Path | None = None) -> None:
     """Print the recall's `_msearch` as typed in Kibana Dev Tools (`atlas.core.recall.to_kibana`).
 
     Query vectors are elided unless `full` (then the text pastes as is). `pretty` lays out each search with
-    `compact_json`, for reading. `save_to` also writes the whole request, vectors included, to that file, which
-    pastes into Kibana as is.
+    `compact_json`, for reading; `lines` folds the print after that many lines. `save_to` also writes the whole
+    request, vectors included, to that file, which pastes into Kibana as is.
     """
     text = to_kibana(requests if full else elide_vectors(requests))
     if pretty:
         first, *bodies = text.splitlines()
         text = "\n".join([first] + [compact_json(json.loads(b)) for b in bodies])
-    print(text)
-    if save_to is not None:
-        path = Path(save_to)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(to_kibana(requests) + "\n")
-        print(f"(the whole request, vectors included, is in {path.parent.name}/{path.name})")
+    folded(text, lines=lines, save_to=save_to, whole=None if save_to is None else to_kibana(requests))
 
 
 def compact_json(value: object, *, width: int = 100, indent: int = 2) -> str:

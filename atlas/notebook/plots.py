@@ -502,3 +502,67 @@ def memory_loop(indices: Mapping[str, str], *, out_dir: str | Path | None = None
     if out_dir is not None:
         save(fig, name, out_dir)
     return fig
+
+
+# --- the cluster -------------------------------------------------------------------------------
+
+#: {node: {shard number: {user: documents}}}: the primary shards of one index on each node, and whose documents each
+#: primary holds (a node that holds no primary of the index maps to {}).
+ShardLayout = Mapping[str, Mapping[int, Mapping[str, int]]]
+
+
+def shard_map(layouts: Mapping[str, ShardLayout], *, hot: Mapping[str, int] | None = None, what: str = "documents",
+              out_dir: str | Path | None = None, name: str = "shard_map") -> Figure:
+    """The primary shards of one index as boxes under the node that holds each, every box listing the users whose
+    documents it holds (and how many), one panel per layout (`layouts` is {panel title: `ShardLayout`}, e.g. the
+    same users routed to one shard each, then spread by `routing_partition_size`). `hot` ({panel title: shard})
+    outlines a shard in red; each user keeps one colour in every panel."""
+    line, column, gap = 0.2, 1.75, 0.35  # inches: one text line, one node's column, between panels
+    users = list(dict.fromkeys(u for layout in layouts.values() for shards in layout.values()
+                               for held in shards.values() for u in held))
+    palette = ("C0", "C1", "C2", "C4", "C5", "C6", "C8", "C9")  # no red: red marks the hot shard
+    colour = {user: palette[i % len(palette)] for i, user in enumerate(users)}
+
+    def height(held: Mapping[str, int]) -> float:  # in lines: the shard's own line, one per user, a margin
+        return 1 + max(1, len(held)) + 0.6
+
+    rows = 2.0 + max((sum(height(held) + 0.5 for held in shards.values()) or 1.5)
+                     for layout in layouts.values() for shards in layout.values())
+    widths = [column * max(1, len(layout)) for layout in layouts.values()]
+    top, bottom = 0.8, 0.5  # inches above the panels (titles) and below them (the legend)
+    fig_w, fig_h = 0.4 + sum(widths) + gap * (len(widths) - 1), rows * line + top + bottom
+    fig = plt.figure(figsize=(fig_w, fig_h))
+    plt.close(fig)  # shown as the cell's value, not again by the inline backend
+    left = 0.2
+    for (title, layout), width in zip(layouts.items(), widths, strict=True):
+        ax = fig.add_axes((left / fig_w, bottom / fig_h, width / fig_w, rows * line / fig_h))
+        left += width + gap
+        ax.set(xlim=(0, max(1, len(layout))), ylim=(0, rows))
+        ax.axis("off")
+        ax.set_title(title, fontsize=9)
+        for x, (node, shards) in enumerate(layout.items()):
+            ax.text(x + 0.5, rows - 0.7, node, ha="center", va="center", fontsize=9, weight="bold")
+            y = rows - 1.6
+            if not shards:
+                ax.text(x + 0.5, y - 0.5, "no primary here", ha="center", va="center", fontsize=8, color="0.4")
+            for shard, held in sorted(shards.items()):
+                is_hot = (hot or {}).get(title) == shard
+                box = height(held)
+                ax.add_patch(FancyBboxPatch((x + 0.06, y - box), 0.88, box, boxstyle="round,pad=0.02",
+                                            facecolor="#fde2e1" if is_hot else "#eef3fb",
+                                            edgecolor="tab:red" if is_hot else "0.3", linewidth=2 if is_hot else 1))
+                ax.text(x + 0.12, y - 0.8, f"shard {shard}: {sum(held.values())} {what}", va="center", fontsize=8,
+                        weight="bold")
+                for i, (user, count) in enumerate(sorted(held.items(), key=lambda item: (-item[1], item[0]))):
+                    ax.text(x + 0.18, y - 1.8 - i, f"{user}: {count}", va="center", fontsize=8, color=colour[user])
+                if not held:
+                    ax.text(x + 0.18, y - 1.8, f"no {what}", va="center", fontsize=8, color="0.4")
+                y -= box + 0.5
+    handles = [Patch(facecolor="#eef3fb", edgecolor="0.3", label=f"primary shard: its users' {what}")]
+    if hot:
+        handles.append(Patch(facecolor="#fde2e1", edgecolor="tab:red", label="hot shard"))
+    fig.legend(handles=handles, loc="lower center", ncols=len(handles), fontsize=8, frameon=False)
+    fig.suptitle(f"Where each user's {what} live: primary shards by node")
+    if out_dir is not None:
+        save(fig, name, out_dir)
+    return fig

@@ -151,7 +151,7 @@ TIMES_FILE = "times.json"
 def measure_times(notebooks: Sequence[Path], work_dir: str | Path, *, echo: Callable[[str], None] = print) -> dict:
     """Run each notebook twice: cold, with an empty embedding cache of its own (as on the first run after
     `make setup`), then warm, with what that run cached. Both runs write into `work_dir`, a fresh outputs folder,
-    so that no earlier saved result stands in for the cold run's work (notebook 10's warm run loads the benchmark
+    so that no earlier saved result stands in for the cold run's work (notebook 13's warm run loads the benchmark
     its cold run saved, as a second run in a workshop does). A failure raises."""
     work_dir = Path(work_dir).resolve()
     measured: dict[str, dict] = {}

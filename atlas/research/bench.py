@@ -366,22 +366,42 @@ def measure_token_check(store: Store, users: Sequence[str], checks: int, rng: ra
     return out
 
 
+def es_cpu_ms(es: Elasticsearch) -> float:
+    """CPU milliseconds the cluster's node processes have used since they started (`_nodes/stats/process`)."""
+    return float(sum(node["process"]["cpu"]["total_in_millis"]
+                     for node in es.nodes.stats(metric="process")["nodes"].values()))
+
+
+def python_cpu_s() -> float:
+    """CPU seconds (user + system) of this process, every thread (the models' ONNX threads included)."""
+    times = os.times()
+    return times.user + times.system
+
+
 def measure_throughput(store: Store, corpus: Corpus, queries: Sequence[str], clients: Sequence[int], requests: int,
                        rng: random.Random, now: datetime, k: int = 10, progress: bool = True) -> dict:
-    """Recalls per second of the default mode with N concurrent clients (threads sharing one store)."""
+    """Recalls per second of the default mode with N concurrent clients (threads sharing one store), and where a
+    recall's CPU goes under that load: this process's (the models, fusion, the client) and the cluster's, per
+    recall, beside the mean wall time of each part of a recall (`RecallResult.timings`)."""
     out = {}
     weights = user_weights(corpus.users)
     for n in tqdm(clients, desc="throughput", disable=not progress):
         jobs = [(rng.choices(corpus.users, weights)[0], rng.choice(queries)) for _ in range(requests)]
 
-        def one(job: tuple[str, str]) -> float:
-            return timed(lambda: recall(store.at(now), job[0], job[1], k=k))
+        def one(job: tuple[str, str]) -> tuple[float, dict[str, float]]:
+            started = time.perf_counter()
+            result = recall(store.at(now), job[0], job[1], k=k)
+            return time.perf_counter() - started, result.timings
 
-        started = time.perf_counter()
+        cpu_before, es_before, started = python_cpu_s(), es_cpu_ms(store.es), time.perf_counter()
         with ThreadPoolExecutor(max_workers=n) as pool:
-            latencies = list(pool.map(one, jobs))
+            runs = list(pool.map(one, jobs))
         wall = time.perf_counter() - started
-        out[str(n)] = {"recalls_per_s": requests / wall, **latency_stats(latencies)}
+        cpu = {"python": (python_cpu_s() - cpu_before) * 1000 / requests,
+               "elasticsearch": (es_cpu_ms(store.es) - es_before) / requests}
+        parts = {p: float(np.mean([t.get(p, 0.0) for _, t in runs])) * 1000 for p in (*PARTS, "stats")}
+        out[str(n)] = {"recalls_per_s": requests / wall, **latency_stats([s for s, _ in runs]),
+                       "cpu_ms_per_recall": cpu, "parts_ms": parts}
     return out
 
 
@@ -653,7 +673,7 @@ def save_results(results: dict, out_dir: str | Path) -> Path:
 
 
 def write_json(results: dict, out_dir: str | Path) -> Path:
-    """`<out_dir>/bench/bench-<plan>.json`; with `RECORDED_DIR`, the run a fresh clone's notebook 10 shows."""
+    """`<out_dir>/bench/bench-<plan>.json`; with `RECORDED_DIR`, the run a fresh clone's notebook 13 shows."""
     path = results_path(out_dir, results["meta"]["plan"]["name"])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1) + "\n")
@@ -662,7 +682,7 @@ def write_json(results: dict, out_dir: str | Path) -> Path:
 
 def load_results(out_dir: str | Path, *, plans: Sequence[str] = ("full", "quick", "smoke")) -> dict | None:
     """The first of `plans` saved under `out_dir`, or None when there is none (the million run is asked for by
-    name: notebook 10 shows it beside its own run)."""
+    name: notebook 13 shows it beside its own run)."""
     for name in plans:
         if (path := results_path(out_dir, name)).is_file():
             return json.loads(path.read_text())
@@ -705,10 +725,16 @@ def tables(results: dict) -> list[Table]:
                          numeric=("p50", "p95", "p99", "n")))
     if "throughput" in results:
         t = results["throughput"]
+        cpu_parts = ("python CPU", "es CPU", "embed", "stats", "es", "second")
         out.append(table([{"clients": n, "recalls/s": f"{c['recalls_per_s']:.1f}", "p50": _ms(c["p50_ms"]),
-                           "p95": _ms(c["p95_ms"])} for n, c in t["clients"].items()],
-                         title=f"Throughput: {t['mode']} at {int(t['scale']):,} memories (ms)",
-                         numeric=("clients", "recalls/s", "p50", "p95")))
+                           "p95": _ms(c["p95_ms"]),
+                           **({"python CPU": _ms(c["cpu_ms_per_recall"]["python"]),
+                               "es CPU": _ms(c["cpu_ms_per_recall"]["elasticsearch"]),
+                               **{p: _ms(c["parts_ms"][p]) for p in cpu_parts[2:]}} if "parts_ms" in c else {})}
+                          for n, c in t["clients"].items()],
+                         title=f"Throughput: {t['mode']} at {int(t['scale']):,} memories (ms; CPU per recall, "
+                               "then the mean wall time of its parts)",
+                         numeric=("clients", "recalls/s", "p50", "p95", *cpu_parts)))
     ingest = results["ingest"]
     rows = [{"ingest": f"bulk, vectors precomputed, {int(s):,} memories", "memories/s": f"{rate:,.0f}",
              "minutes": f"{int(s) / rate / 60:.1f}"} for s, rate in ingest["without_embedding"].items()]

@@ -4,7 +4,7 @@
 hubness of `HUB_ARMS`); `paired` gives each category's mean in both arms and the paired gain with its bootstrap
 interval; `found_by_pass` lists the questions whose evidence an arm brings into the top k, and `evidence_places`
 shows one of them hit by hit. `scripts/session_study.py` runs the session pass on LoCoMo dev and the persona set
-(docs/evaluation.md, "The session pass"); notebook 09 places one question's evidence with and without hubness.
+(docs/evaluation.md, "The session pass"); notebook 12 places one question's evidence with and without hubness.
 """
 
 from __future__ import annotations
