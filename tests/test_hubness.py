@@ -55,8 +55,11 @@ def test_hubness_query_is_one_owner_or_the_catalog():
 
 def test_small_talk_gives_way_to_the_specific_turn(store):
     """Five turns of small talk outrank the one that answers without the hubness penalty. Each write gives its memory
-    a hubness among the memories its owner has then, so the default second stage puts the answer first as soon as
-    it is written; consolidation's refresh recomputes them all together, with the same effect."""
+    a hubness among the memories its owner has then, so as soon as it is written the default second stage puts the
+    answer above every small talk turn with a known hubness (the owner's first memory has none: no neighbours yet).
+    Consolidation's refresh recomputes them all together, closer to one another: the answer still rises, not to
+    the top. Finding (issue 35): with stop words searched in `text.exact` ("with") the answer came first in both
+    states; without them only "Kai" is left to BM25 against the small talk's "Kai" and "family"."""
     for text in (*SMALL_TALK, CAMPING, *OTHERS):
         write_episode(store, "kai", text)
     write_memory(store, "ana", "Ana went camping at the beach too", "semantic")
@@ -72,7 +75,11 @@ def test_small_talk_gives_way_to_the_specific_turn(store):
         result = recall(store, "kai", question, k=8)
         scores = {hit.text: hit.hubness for hit in result.hits}
         assert min(scores[text] for text in SMALL_TALK[1:]) > scores[CAMPING], when
-        assert result.hits[0].text == CAMPING and C.HUB_PENALTY > 0, when
+        ranked = [hit.text for hit in result.hits]
+        assert ranked.index(CAMPING) < off.index(CAMPING) and C.HUB_PENALTY > 0, when
+        if when == "written":
+            assert scores[SMALL_TALK[0]] is None
+            assert all(ranked.index(CAMPING) < ranked.index(text) for text in SMALL_TALK[1:])
         assert "hub" in hits_table(result).columns
         assert refresh_hubness(store, "kai") == len(SMALL_TALK) + 1 + len(OTHERS)  # only kai's memories
     assert texts(tuning=Tuning(hub_penalty=0)) == off
