@@ -388,7 +388,7 @@ def users_import(file: typer.FileText = typer.Argument(..., encoding="utf-8",
 @app.command("bench")
 def bench_cmd(quick: bool = typer.Option(False, "--quick", help="1k and 10k memories only, fewer repetitions (CI)"),
               plan: str | None = typer.Option(None, help="named plan: smoke, quick, full (default) or million "
-                                                          "(10k, 100k and 1M memories, 33 min here)"),
+                                                          "(10k, 100k and 1M memories, 31 min here)"),
               scale: list[int] | None = typer.Option(None, help="corpus size, repeatable (default: the plan's)"),
               prefix: str = typer.Option("bench", help="index prefix stem; one prefix per scale, dropped afterwards"),
               seed: int = typer.Option(7, help="seed of the synthetic corpus and of the query draws"),

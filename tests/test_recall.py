@@ -473,14 +473,8 @@ def test_timings_split_each_paths_search_and_the_supersession_check(store):
     assert "took_bm25" in bm25 and "took_dense" not in bm25
 
 
-def test_the_default_recall_is_one_msearch_and_reads_nothing_else(store, monkeypatch):
-    """Issue 33: the default mode's recall makes one `_msearch` (the second stage's vectors and hubness come in it)
-    and no `mget`, besides the size-0 search of the user's term statistics (issue 36, `term_weights`), sent while
-    the query is embedded; a plain recall writes nothing (`record_recall` is the caller's step)."""
-    facts = [write_memory(store, "tim", text) for text in ("The garage sensor is a Zigbee contact sensor",
-                                                           "Tim's garage door opener is on the 2.4 GHz band")]
-    write_episode(store, "tim", "The garage door sensor went offline after the storm")
-    recall(store, "tim", "garage", k=1)  # the first read fetches the user's key; the second reuses it
+def requests_sent(monkeypatch) -> list[tuple[str, str]]:
+    """(method, path) of every request any client sends from now until `monkeypatch.undo()`."""
     sent: list[tuple[str, str]] = []
     real = Elasticsearch.perform_request
 
@@ -489,6 +483,18 @@ def test_the_default_recall_is_one_msearch_and_reads_nothing_else(store, monkeyp
         return real(self, method, path, **kwargs)
 
     monkeypatch.setattr(Elasticsearch, "perform_request", counted)
+    return sent
+
+
+def test_the_default_recall_is_one_msearch_and_reads_nothing_else(store, monkeypatch):
+    """Issue 33: the default mode's recall makes one `_msearch` (the second stage's vectors and hubness come in it)
+    and no `mget`, besides the size-0 search of the user's term statistics (issue 36, `term_weights`), sent while
+    the query is embedded; a plain recall writes nothing (`record_recall` is the caller's step)."""
+    facts = [write_memory(store, "tim", text) for text in ("The garage sensor is a Zigbee contact sensor",
+                                                           "Tim's garage door opener is on the 2.4 GHz band")]
+    write_episode(store, "tim", "The garage door sensor went offline after the storm")
+    recall(store, "tim", "garage", k=1)  # the first read fetches the user's key; the second reuses it
+    sent = requests_sent(monkeypatch)
     result = recall(store, "tim", "garage sensor offline", k=5)
     assert result.second_stage is not None, result.note
     assert sorted(path.rsplit("/", 1)[-1] for _, path in sent) == ["_msearch", "_search"], sent
@@ -497,6 +503,20 @@ def test_the_default_recall_is_one_msearch_and_reads_nothing_else(store, monkeyp
     monkeypatch.undo()
     uses = store.es.mget(index=f"{store.prefix}-semantic", ids=facts)["docs"]
     assert [doc["_source"]["use_count"] for doc in uses] == [0, 0], "a plain recall only reads"
+
+
+def test_a_later_write_sends_its_neighbours_search_and_the_document_only(store, monkeypatch):
+    """A user's write after their first makes two requests: the `_msearch` of the new memory's neighbours (its
+    hubness, their vectors as doc values) and the index request: the read key made at their first write, read once
+    since, is not looked up again within `C.TOKEN_CACHE_SECONDS` (`KeyReader.provision`)."""
+    write_episode(store, "tim", "The garage door sensor went offline after the storm")
+    recall(store, "tim", "garage", k=1)  # the first read fetches the user's key
+    sent = requests_sent(monkeypatch)
+    second = write_episode(store, "tim", "The garage door sensor is back online")
+    monkeypatch.undo()
+    assert sorted(path.rsplit("/", 1)[-1] for _, path in sent) == ["_doc", "_msearch"], sent
+    stored = store.es.get(index=f"{store.prefix}-episodic", id=second)["_source"]
+    assert stored["hubness"] is not None and 0 < stored["hubness"] <= 1, "the first episode is its neighbour"
 
 
 def test_a_rescored_bm25_path_gives_its_window_the_full_score(store):

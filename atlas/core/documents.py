@@ -126,12 +126,12 @@ def provision_users(store: Store, user_ids: Iterable[str | None]) -> None:
 
 def build_neighbours_body(user_id: str, vector: Sequence[float], *, size: int = C.HUB_CANDIDATES) -> dict:
     """The owner's `size` current memories nearest to `vector` (the first model's, whose kNN graph the index has),
-    with their second-model vectors (`rerank_embedding` has no graph: this distribution has no scripts either)."""
+    with their second-model vectors as doc values (no graph, and no scripts here); a `knn` query takes one phase."""
     owned = {"bool": {"filter": [build_sole_owner_filter(user_id)],
                       "must_not": [{"exists": {"field": "superseded_by"}}]}}
-    return {"size": size, "_source": {"includes": ["rerank_embedding"]},
-            "knn": {"field": "embedding", "query_vector": list(vector), "k": size,
-                    "num_candidates": max(size, C.KNN_NUM_CANDIDATES), "filter": [owned]}}
+    return {"size": size, "_source": False, "docvalue_fields": ["rerank_embedding"],
+            "query": {"knn": {"field": "embedding", "query_vector": list(vector), "k": size,
+                              "num_candidates": max(size, C.KNN_NUM_CANDIDATES), "filter": [owned]}}}
 
 
 def neighbour_hubness(store: Store, docs: Sequence[Mapping]) -> list[float | None]:
@@ -149,8 +149,8 @@ def neighbour_hubness(store: Store, docs: Sequence[Mapping]) -> list[float | Non
     for doc, response in zip(docs, store.es.msearch(searches=searches)["responses"], strict=True):
         if "error" in response:
             raise AtlasError(f"the neighbours of a new memory could not be read: {response['error']}")
-        vectors = np.asarray([hit["_source"]["rerank_embedding"] for hit in response["hits"]["hits"]
-                              if "rerank_embedding" in hit["_source"]], dtype=np.float32)
+        vectors = np.asarray([hit["fields"]["rerank_embedding"][0] for hit in response["hits"]["hits"]
+                              if "rerank_embedding" in hit.get("fields", {})], dtype=np.float32)
         if not len(vectors):
             values.append(None)
             continue

@@ -314,12 +314,10 @@ def build_recall_requests(store: Store, user_id: str, *, mode: C.RecallMode, hea
 
     The BM25 path takes the query's `weights` (`term_weights`) and `rescore`, the kNN path its `query_vector` and
     `num_candidates`. `session_id` restricts every path to that session. `second_stage_fields` returns each hit's
-    stored `rerank_embedding` too (the embedding second stage reads it; `hubness` is always in `_source`). `as_of`
-    keeps what was held then (`build_filters`)."""
+    stored `rerank_embedding` (a doc value) for the second stage. `as_of` keeps what was held then (`build_filters`)."""
     filters = build_filters(store.prefix, user_id, code_filter=store.code_filter, include_superseded=include_superseded,
                             session_id=session_id, as_of=as_of, period=period)
-    source = ({"exclude_vectors": False, "excludes": [f for f in VECTOR_FIELDS if f != "rerank_embedding"]}
-              if second_stage_fields else {"excludes": list(VECTOR_FIELDS)})
+    vectors = {"docvalue_fields": ["rerank_embedding"]} if second_stage_fields else {}  # cheaper than in `_source`
     requests = []
     for path in paths_of(mode):
         if path == "bm25":
@@ -330,7 +328,7 @@ def build_recall_requests(store: Store, user_id: str, *, mode: C.RecallMode, hea
             raise ValidationError(f"mode {mode} searches by kNN: pass the query_vector")
         else:
             body = build_knn_body(query_vector, filters, params, window, period=period, num_candidates=num_candidates)
-        requests.append({"path": path, "header": header, "body": body | {"_source": source}})
+        requests.append({"path": path, "header": header, "body": body | vectors})
     return requests
 
 
@@ -369,6 +367,8 @@ def search(store: Store, user_id: str, requests: list[dict], *, timings: dict[st
             timings[f"took_{request['path']}"] = response["took"] / 1000
         for doc in response["hits"]["hits"]:
             key = f"{doc['_index']}/{doc['_id']}"
+            if vector := doc.get("fields", {}).get("rerank_embedding"):
+                doc["_source"]["rerank_embedding"] = vector[0]
             raw.setdefault(key, doc)
             path_scores.setdefault(key, {})[request["path"]] = doc["_score"]
         keys = [f"{doc['_index']}/{doc['_id']}" for doc in response["hits"]["hits"]]

@@ -449,7 +449,7 @@ class CachedEmbedder:
 
     Keys are (model name, query or passage, sha256 of the text); only missing texts reach
     the inner model, in batches that are saved as they finish, so an interrupted run keeps its work.
-    One SQLite file serves every model and tolerates concurrent processes.
+    One SQLite file serves every model and tolerates concurrent processes; each thread keeps its own connection.
     """
 
     def __init__(
@@ -462,6 +462,7 @@ class CachedEmbedder:
         self.batch_size = batch_size
         self.path = Path(cache_dir) / "embeddings.sqlite"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
         with self._db() as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("CREATE TABLE IF NOT EXISTS vectors (key TEXT PRIMARY KEY, vec BLOB NOT NULL)")
@@ -474,9 +475,15 @@ class CachedEmbedder:
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
-        """A short-lived connection per operation: safe across threads and processes."""
+        """This thread's connection, in a transaction. Kept open: opening one, and the checkpoint SQLite runs when
+        the last one closes, cost a few ms per embedding call. A forked process opens its own."""
         try:
-            with contextlib.closing(sqlite3.connect(self.path, timeout=30)) as db, db:
+            pid, db = getattr(self._local, "db", (None, None))
+            if db is None or pid != os.getpid():
+                db = sqlite3.connect(self.path, timeout=30)
+                db.execute("PRAGMA synchronous=NORMAL")  # a cache: a power cut may lose the last vectors, not the file
+                self._local.db = (os.getpid(), db)
+            with db:
                 yield db
         except sqlite3.Error as exc:
             raise EmbeddingError(

@@ -186,9 +186,10 @@ def build_graph(reader):
     return model
 
 
-def quantize_per_token(model):
+def quantize_per_token(model, *, weight_bits: int = 8):
     """int8 weights for every MatMul with a constant weight (one scale per output channel), and int8
-    activations with one scale and zero point per token, computed in the graph.
+    activations with one scale and zero point per token, computed in the graph. `weight_bits` below 8 keeps
+    the weights in fewer levels (`scripts/int8_kernels.py` measures 7: another vector space, not Atlas's model).
 
     Each token is quantized on its own, so a text's vector does not depend on the texts batched with it
     (onnxruntime's `quantize_dynamic` takes one scale per tensor, that is per padded batch, and moved a
@@ -205,6 +206,7 @@ def quantize_per_token(model):
     added = [numpy_helper.from_array(np.asarray(v, dtype=np.float32), n)
              for n, v in (("q.zero", 0), ("q.255", 255), ("q.1/255", 1 / 255), ("q.eps", 1e-12), ("q.one", 1))]
     quantized: dict[str, tuple[str, str, str]] = {}
+    levels = 2 ** (weight_bits - 1) - 1
 
     def node(kind: str, inputs: list[str], **attrs) -> str:
         out = f"q.{kind.lower()}_{len(nodes)}"
@@ -226,8 +228,8 @@ def quantize_per_token(model):
             continue
         name = original.input[1]
         w = numpy_helper.to_array(weights.pop(name)).astype(np.float32)  # (in, out)
-        w_scale = (np.maximum(np.abs(w).max(axis=0), 1e-12) / 127).astype(np.float32)
-        w_codes = np.clip(np.round(w / w_scale), -127, 127).astype(np.int8)
+        w_scale = (np.maximum(np.abs(w).max(axis=0), 1e-12) / levels).astype(np.float32)
+        w_codes = np.clip(np.round(w / w_scale), -levels, levels).astype(np.int8)
         column_sums = (w_codes.astype(np.float32).sum(axis=0) * w_scale).astype(np.float32)
         added += [numpy_helper.from_array(w_codes, name + ".int8"),
                   numpy_helper.from_array(w_scale, name + ".scale"),

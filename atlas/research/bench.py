@@ -15,6 +15,7 @@ writes and the "with embedding" ingest run the real models, uncached.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -30,6 +31,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any, cast, get_args
+from unittest.mock import patch
 
 import numpy as np
 from elasticsearch import Elasticsearch, helpers
@@ -37,6 +39,7 @@ from tqdm.auto import tqdm
 
 from atlas import constants as C
 from atlas.config import REPO_ROOT, Settings, load_settings
+from atlas.core import documents
 from atlas.core.clock import es_date
 from atlas.core.documents import build_document, routing_of
 from atlas.core.errors import ValidationError
@@ -56,9 +59,11 @@ from atlas.stack import open_store
 #: The fixed "now" of the synthetic corpus and of every recall.
 BENCH_NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 PARTS = ("embed", "es", "fusion", "second")
-#: Within those parts (`RecallResult.timings`): each path's search on the server (inside "es"), the check of
-#: in-flight supersessions (inside "fusion") and the `mget` of stored vectors (inside "second").
-DETAIL = ("took_bm25", "took_dense", "settle", "mget")
+#: Within those parts (`RecallResult.timings`): each path's search on the server (inside "es") and the check of
+#: in-flight supersessions (inside "fusion").
+DETAIL = ("took_bm25", "took_dense", "settle")
+#: The steps of one write, in order (`documents._prepare`, then the index request with its refresh).
+WRITE_PARTS = ("provision", "first model", "second model", "neighbours", "index")
 REFRESH_POLICIES: tuple[C.Refresh, ...] = get_args(C.Refresh)
 
 #: Published numbers of peer systems, quoted as issue 8 gives them; not measured here.
@@ -270,8 +275,9 @@ def timed(call: Callable[[], object]) -> float:
 
 def measure_recall(store: Store, corpus: Corpus, queries: Sequence[str], mode: C.RecallMode, reps: int, warmup: int,
                    rng: random.Random, now: datetime, k: int = 10, *, routed: bool = True) -> dict:
-    """Latency of `reps` recalls (users drawn by activity), with the mean of each part of the time; `routed`
-    as in `recall`."""
+    """Latency of `reps` recalls (users drawn by activity), with the mean of each part of the time and the load
+    average (1 min) before and after; `routed` as in `recall`."""
+    load_before = os.getloadavg()[0]
     weights = user_weights(corpus.users)
     totals: list[float] = []
     parts: dict[str, list[float]] = {p: [] for p in (*PARTS, *DETAIL)}
@@ -287,7 +293,8 @@ def measure_recall(store: Store, corpus: Corpus, queries: Sequence[str], mode: C
     mean_ms = {p: float(np.mean(v)) * 1000 for p, v in parts.items()}
     parts_ms = {p: mean_ms[p] for p in PARTS}
     parts_ms["other"] = max(0.0, stats["mean_ms"] - sum(parts_ms.values()))
-    return {**stats, "parts_ms": parts_ms, "detail_ms": {p: mean_ms[p] for p in DETAIL}}
+    return {**stats, "parts_ms": parts_ms, "detail_ms": {p: mean_ms[p] for p in DETAIL},
+            "loadavg": [load_before, os.getloadavg()[0]]}
 
 
 def settle_merges(es: Elasticsearch, prefix: str, *, poll_s: float = 5.0, limit_s: float = 3600.0) -> dict:
@@ -334,14 +341,43 @@ def measure_arms(corpus: Corpus, queries: Sequence[str], mode: C.RecallMode, arm
             for arm in arms}
 
 
+@contextlib.contextmanager
+def timing_write_parts(store: Store) -> Iterator[dict[str, list[float]]]:
+    """{step: [seconds, ...]} of each `WRITE_PARTS` step of the writes made inside, timed by wrapping, for the
+    duration, the very objects a write calls (the store's provisioning, its two embedders, the neighbours' search
+    with its hubness, the client's `index`): the writes take their usual path."""
+    seconds: dict[str, list[float]] = {part: [] for part in WRITE_PARTS}
+
+    def timing(part: str, call: Callable) -> Callable:
+        def timed_call(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                seconds[part].append(time.perf_counter() - started)
+        return timed_call
+
+    models = zip(("first model", "second model"), store.passage_embedders.values(), strict=False)
+    targets = [("provision", store, "provision"), *((part, model, "embed_passages") for part, model in models),
+               ("neighbours", documents, "neighbour_hubness"), ("index", store.es, "index")]
+    with contextlib.ExitStack() as stack:
+        for part, owner, name in targets:
+            if getattr(owner, name) is not None:
+                stack.enter_context(patch.object(owner, name, timing(part, getattr(owner, name))))
+        yield seconds
+
+
 def measure_writes(store: Store, users: Sequence[str], reps: int, rng: random.Random, progress: bool = True) -> dict:
-    """One `write_episode` (embedding + index) per call, under each refresh policy."""
+    """One `write_episode` (embedding + index) per call, under each refresh policy, with the mean of each of its
+    steps (`timing_write_parts`)."""
     out = {}
     run_tag = uuid.uuid4().hex[:6]  # never in the embedding cache: every write embeds for real
     for policy in tqdm(REFRESH_POLICIES, desc="writes", disable=not progress):
         store.refresh = policy
-        samples = [timed(partial(_write_note, store, users, rng, f"{run_tag}-{policy}-{i}")) for i in range(reps)]
-        out[policy] = latency_stats(samples)
+        with timing_write_parts(store) as steps:
+            samples = [timed(partial(_write_note, store, users, rng, f"{run_tag}-{policy}-{i}")) for i in range(reps)]
+        out[policy] = latency_stats(samples) | {
+            "parts_ms": {part: 1000 * sum(took) / reps for part, took in steps.items() if took}}
     store.refresh = C.WRITE_REFRESH
     return out
 
@@ -696,25 +732,27 @@ def _ms(value: float | None) -> str:
 def tables(results: dict) -> list[Table]:
     """Every number of a run as tables (the notebook shows them, `render_markdown` prints them)."""
     recall_rows = [{"memories": f"{int(scale):,}", "mode": mode, "p50": _ms(r["p50_ms"]), "p95": _ms(r["p95_ms"]),
-                    "p99": _ms(r["p99_ms"]), **{part: _ms(ms) for part, ms in r["parts_ms"].items()}}
+                    "p99": _ms(r["p99_ms"]), **{part: _ms(ms) for part, ms in r["parts_ms"].items()},
+                    **({"load average": "{:.1f} to {:.1f}".format(*r["loadavg"])} if "loadavg" in r else {})}
                    for scale, modes in results["recall"].items() for mode, r in modes.items()]
     out = [table([{"memories": f"{int(s):,}", "users": c["users"], "median per user": f"{c['per_user_median']:.0f}",
                    "most per user": c["per_user_max"], **c["types"]} for s, c in results["corpus"].items()],
                  title="Synthetic corpora", numeric=("users", "median per user", "most per user")),
            table(recall_rows, title="Recall latency (ms; parts are means: query embedding, Elasticsearch, fusion, "
-                                    "second stage, other)",
+                                    "second stage, other; then the load average before and after)",
                  numeric=("p50", "p95", "p99", *PARTS, "other"))]
     detail_rows = [{"memories": f"{int(scale):,}", "mode": mode,
                     **{part: _ms(ms) for part, ms in r["detail_ms"].items()}}
                    for scale, modes in results["recall"].items() for mode, r in modes.items() if "detail_ms" in r]
     if detail_rows:
         out.append(table(detail_rows, title="Inside the parts (ms, means): each path's search on the server (took), "
-                                            "the supersession check (in fusion), the mget of stored vectors (in "
-                                            "second stage)", numeric=DETAIL))
+                                            "the supersession check (in fusion)", numeric=DETAIL))
     if "write" in results:
-        out.append(table([{"refresh": policy, "p50": _ms(w["p50_ms"]), "p95": _ms(w["p95_ms"]), "n": w["n"]}
+        out.append(table([{"refresh": policy, "p50": _ms(w["p50_ms"]), "p95": _ms(w["p95_ms"]), "n": w["n"],
+                           **{part: _ms(ms) for part, ms in w.get("parts_ms", {}).items()}}
                           for policy, w in results["write"].items()],
-                         title="Write one episode: embedding (both models) + index (ms)", numeric=("p50", "p95", "n")))
+                         title="Write one episode: embedding (both models) + index (ms; then the mean of each step)",
+                         numeric=("p50", "p95", "n", *WRITE_PARTS)))
     if results.get("token_check"):
         t = results["token_check"]
         out.append(table([{"token file": f"{name} (revocations honoured within {t['revocation_bound_s']:g} s)"

@@ -322,6 +322,14 @@ class KeyReader:
         self.keys[user_id] = (self.clock(), seen, key)
         return key
 
+    def provision(self, user_id: str) -> None:
+        """Before a user's write: create their read key if they have none. A key this reader has seen
+        (`stored`) is not looked for again, so a user's later writes cost no `GET`."""
+        try:
+            self.stored(user_id)
+        except NotFound:
+            ensure_user_key(self.store, user_id)
+
     def __call__(self, user_id: str) -> Elasticsearch:
         key = self.stored(user_id)
         if key.state() != "active":
@@ -403,8 +411,8 @@ def ensure_user_key(scope: Scope, user_id: str, *, verify: bool = False) -> None
 def enable_tenancy(store: Store) -> None:
     """From now on every read of `store` (recall, ownership checks, history) uses the user's own key,
     and a user's first write creates that key."""
-    store.reader = KeyReader(store)
-    store.provision = lambda user_id: ensure_user_key(store, user_id)
+    store.reader = reader = KeyReader(store)
+    store.provision = reader.provision
     store.forget = lambda: forget_prefix(store)
 
 
