@@ -32,7 +32,7 @@ from tokenizers import Tokenizer
 
 from atlas.config import REPO_ROOT, load_settings
 from atlas.models import nomic
-from atlas.models.embed import VNNI_FLAGS, Nomic, session_options
+from atlas.models.embed import Nomic, needs_exact_int8, session_options
 from atlas.research.bench import machine_info, questions
 from atlas.research.datasets import read_persona_corpus
 
@@ -78,8 +78,6 @@ def main() -> None:
     folder = nomic.model_dir(load_settings())
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer.no_padding()
-    flags = next(line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("flags"))
     with tempfile.TemporaryDirectory() as tmp:
         seven = Path(tmp) / "model.w7-token.onnx"
         onnx.save(nomic.quantize_per_token(onnx.load(folder / nomic.VARIANTS["fp32"][0]), weight_bits=7), seven)
@@ -103,7 +101,8 @@ def main() -> None:
                     samples[name].append((time.perf_counter() - started) * 1000)
             for name, ms in samples.items():
                 latency[name][length] = statistics.median(ms[3:])
-    result = {"machine": machine_info() | {"vnni": sorted(VNNI_FLAGS & set(flags)), "machine": platform.machine()},
+    exact = needs_exact_int8(platform.machine(), Path("/proc/cpuinfo").read_text())
+    result = {"machine": machine_info() | {"machine": platform.machine(), "needs_exact_int8": exact},
               "texts": len(texts), "runs": RUNS, "query_ms_by_batch": per_query_ms(RUNS),
               "graphs": {name: {"ms_by_tokens": latency[name], "cosine_to_fp32": {
                   "min": float(cosines[name].min()), "mean": float(cosines[name].mean())}} for name in graphs}}
@@ -111,7 +110,7 @@ def main() -> None:
     for folder in targets:
         (folder / "bench").mkdir(parents=True, exist_ok=True)
         (folder / "bench" / "int8_kernels.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{result['machine']['cpu']}, VNNI: {', '.join(result['machine']['vnni']) or 'none'}; "
+    print(f"{result['machine']['cpu']}, exact int8 mode {'needed (no VNNI)' if exact else 'not needed'}; "
           f"one text, median of {RUNS} runs (ms); cosine to fp32 over {len(texts)} persona texts\n")
     print("| graph | " + " | ".join(f"{n} tokens" for n in TOKENS) + " | cosine to fp32, least / mean |")
     print("|---|" + "---:|" * (len(TOKENS) + 1))

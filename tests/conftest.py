@@ -9,6 +9,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
+from elasticsearch import Elasticsearch
 from typer.testing import CliRunner
 
 from atlas.config import load_settings, local_llm_url
@@ -123,3 +124,16 @@ def episodes(store: Store, user: str = "sarah") -> list[str]:
     store.es.indices.refresh(index=f"{store.prefix}-episodic")
     hits = store.es.search(index=f"{store.prefix}-episodic", query={"term": {"user_id": user}})["hits"]["hits"]
     return [h["_source"]["text"] for h in hits]
+
+
+def requests_sent(monkeypatch) -> list[tuple[str, str]]:
+    """(method, path) of every request any client sends from now until `monkeypatch.undo()`."""
+    sent: list[tuple[str, str]] = []
+    real = Elasticsearch.perform_request
+
+    def counted(self, method, path, **kwargs):
+        sent.append((method, path))
+        return real(self, method, path, **kwargs)
+
+    monkeypatch.setattr(Elasticsearch, "perform_request", counted)
+    return sent

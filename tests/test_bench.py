@@ -311,6 +311,66 @@ def test_the_recorded_first_stage_arms_are_what_the_docs_quote():
                         f"{100 * m['same_top_k']:.0f}% |") in docs, (scale, mode, arm)
 
 
+def test_the_recorded_int8_kernels_are_what_the_docs_quote():
+    """Issue 37: docs/benchmarks.md's table of nomic's int8 kernels, and the ratios and per-query times its prose
+    states, are the committed run of scripts/int8_kernels.py."""
+    import json
+
+    from atlas.config import REPO_ROOT
+    from atlas.research.bench import RECORDED_DIR
+
+    run = json.loads((RECORDED_DIR / "bench" / "int8_kernels.json").read_text())
+    docs = " ".join((REPO_ROOT / "docs" / "benchmarks.md").read_text().split())
+    graphs = run["graphs"]
+    for name, graph in graphs.items():
+        cosine = graph["cosine_to_fp32"]
+        assert (f"| {name} | " + " | ".join(f"{ms:.1f}" for ms in graph["ms_by_tokens"].values())
+                + f" | {cosine['min']:.4f} / {cosine['mean']:.4f} |") in docs, name
+
+    def slower(a: str, b: str) -> str:
+        ratios = [graphs[a]["ms_by_tokens"][n] / graphs[b]["ms_by_tokens"][n] - 1 for n in graphs[a]["ms_by_tokens"]]
+        return f"{min(ratios):.0%} to {max(ratios):.0%}"
+
+    assert f"The exact mode costs {slower('int8, exact mode', 'int8, fast kernel')} over the fast kernel" in docs
+    assert f"int8 itself is only {slower('fp32', 'int8, exact mode')} faster than fp32" in docs
+    batched = [f"{ms:.0f}" for ms in run["query_ms_by_batch"].values()]
+    assert f"at {batched[0]}, {batched[1]} and {batched[2]} ms per query for 1, 4 and 16" in docs
+
+
+def test_the_before_and_after_table_is_the_committed_runs():
+    """Issue 37: docs/benchmarks.md's before/after table is the range, over two runs each, of the `atlas bench
+    --quick` JSONs committed in results/bench/before-after (a checkout of 3109051 and one of 73efc2b, in turn)."""
+    import json
+
+    from atlas.config import REPO_ROOT
+    from atlas.research.bench import RECORDED_DIR
+
+    runs = {commit: [json.loads((RECORDED_DIR / "bench" / "before-after" / f"quick-{commit}-{n}.json").read_text())
+                     for n in (1, 2)] for commit in ("3109051", "73efc2b")}
+    docs = (REPO_ROOT / "docs" / "benchmarks.md").read_text()
+
+    def spread(values: list[float], digits: int = 0) -> str:
+        low, high = (f"{v:.{digits}f}" for v in (min(values), max(values)))
+        return low if low == high else f"{low}-{high}"
+
+    def row(label: str, value, digits: int = 0) -> str:
+        return f"| {label} | " + " | ".join(spread([value(run) for run in runs[c]], digits) for c in runs) + " |"
+
+    default = C.DEFAULT_RECALL_MODE
+    rows = [row("write, `refresh=true`, p50 (ms)", lambda r: r["write"]["true"]["p50_ms"]),
+            row("write, `refresh=true`, p95 (ms)", lambda r: r["write"]["true"]["p95_ms"])]
+    for scale in ("1000", "10000"):
+        rows += [row(f"default recall at {int(scale):,} memories, {p} (ms)",
+                     lambda r, p=p, scale=scale: r["recall"][scale][default][f"{p}_ms"]) for p in ("p50", "p95")]
+    rows.append(row("default recall at 10,000, second stage (ms, mean)",
+                    lambda r: r["recall"]["10000"][default]["parts_ms"]["second"]))
+    rows += [row(f"recalls/s at {n} client{'s' if n != '1' else ''}",
+                 lambda r, n=n: r["throughput"]["clients"][n]["recalls_per_s"], 1) for n in ("1", "4", "16")]
+    rows.append(row("load average at the start", lambda r: r["meta"]["machine"]["loadavg_start"][0], 1))
+    for line in rows:
+        assert line in docs, line
+
+
 def test_the_recorded_million_run_is_what_the_docs_quote():
     """Issue 19: the growth figures in docs/benchmarks.md and the README come from the committed run that notebook
     13 plots (`atlas bench --plan million --record`)."""

@@ -18,7 +18,6 @@ import sys
 import textwrap
 
 import pytest
-from elasticsearch import Elasticsearch
 from langgraph.store.base import (
     BaseStore,
     GetOp,
@@ -47,6 +46,7 @@ from atlas.integrations.langgraph import (
     item_text,
     matches,
 )
+from tests.conftest import requests_sent
 
 DIMS = 256
 
@@ -284,23 +284,17 @@ def test_a_batch_of_puts_is_one_bulk_and_its_overwrite_a_supersession(store, mon
     lg = AtlasStore(store)
     lg.put(("sarah", "home"), "city", {"content": "Sarah lives in Leeds"})
     lg.put(("sarah", "home"), "street", {"content": "Sarah's street is lined with lime trees"})
-    sent: list[str] = []
-    real = Elasticsearch.perform_request
-
-    def counted(self, method, path, **kwargs):
-        sent.append(path.split("?")[0].rsplit("/", 1)[-1])
-        return real(self, method, path, **kwargs)
-
     new = {"dog": "Sarah's dog is called Biscuit", "coffee": "Sarah drinks her coffee black",
            "bike": "Sarah cycles to work on a red bike"}
     before = [build_document("sarah", text, "semantic", store.now()) for text in new.values()]
     embed_documents(store, before)
     expected = dict(zip(new, neighbour_hubness(store, before), strict=True))
     assert None not in expected.values()
-    monkeypatch.setattr(Elasticsearch, "perform_request", counted)
+    requests = requests_sent(monkeypatch)
     lg.batch([PutOp(("sarah", "home"), key, {"content": text}) for key, text in new.items()]
              + [PutOp(("sarah", "home"), "city", {"content": "Sarah lives in Edinburgh"})])
     monkeypatch.undo()
+    sent = [path.split("?")[0].rsplit("/", 1)[-1] for _, path in requests]
     assert sent.count("_bulk") == 1 and sent.count("_doc") == 1, f"the new keys, the overwrite's new version: {sent}"
     assert [lg.get(("sarah", "home"), key).value["content"] for key in new] == list(new.values())
     assert [v["text"] for v in versions(store, "city") if not v.get("superseded_by")] == ["Sarah lives in Edinburgh"]

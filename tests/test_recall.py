@@ -7,7 +7,6 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
-from elasticsearch import Elasticsearch
 
 from atlas import constants as C
 from atlas.core.documents import build_document
@@ -30,7 +29,7 @@ from atlas.models.embed import load_embedder
 from atlas.research.fusion_study import score_fuse
 from atlas.research.session_pass import build_session_requests, interleave, session_pass
 from atlas.stack import open_store
-from tests.conftest import NOW, make_prefix
+from tests.conftest import NOW, make_prefix, requests_sent
 
 
 def test_same_turn_visibility(store):
@@ -471,19 +470,6 @@ def test_timings_split_each_paths_search_and_the_supersession_check(store):
     assert 0 < timings["settle"] <= timings["fusion"] and 0 < timings["second"]
     bm25 = recall(store, "tim", "garage sensor offline", mode="bm25").timings
     assert "took_bm25" in bm25 and "took_dense" not in bm25
-
-
-def requests_sent(monkeypatch) -> list[tuple[str, str]]:
-    """(method, path) of every request any client sends from now until `monkeypatch.undo()`."""
-    sent: list[tuple[str, str]] = []
-    real = Elasticsearch.perform_request
-
-    def counted(self, method, path, **kwargs):
-        sent.append((method, path))
-        return real(self, method, path, **kwargs)
-
-    monkeypatch.setattr(Elasticsearch, "perform_request", counted)
-    return sent
 
 
 def test_the_default_recall_is_one_msearch_and_reads_nothing_else(store, monkeypatch):
