@@ -7,7 +7,7 @@ import pytest
 
 from atlas import constants as C
 from atlas.core import hubness as hub
-from atlas.core.documents import build_document, embed_documents
+from atlas.core.documents import build_document, build_neighbours_body, embed_documents
 from atlas.core.errors import ValidationError
 from atlas.core.hubness import attach_hubness, build_hubness_query, hubness, refresh_hubness
 from atlas.core.memory import bulk_load, write_episode, write_memory
@@ -104,6 +104,21 @@ def test_every_write_path_writes_hubness(store):
                                for text in SMALL_TALK[:3]], progress=False)
     got = store.es.mget(index=f"{store.prefix}-episodic", ids=loaded, routing="lea")["docs"]
     assert all(isinstance(doc["_source"].get("hubness"), float) for doc in got)
+
+
+def test_a_writes_neighbours_come_back_as_vectors_only(store):
+    """The neighbours' search of a write (`build_neighbours_body`) reads the second model's vectors as doc values and
+    no stored field, not even `_id` (reading the stored-field blocks of 100 hits was half its server time), and the
+    client parses the answer, 100 vectors of floats, with orjson (four times faster than the standard library)."""
+    for text in OTHERS:
+        write_episode(store, "kai", text)
+    vector = store.passage_embedders["embedding"].embed_passages([CAMPING])[0]
+    hits = store.es.search(index=f"{store.prefix}-episodic", routing="kai",
+                           **build_neighbours_body("kai", vector))["hits"]["hits"]
+    assert len(hits) == len(OTHERS)
+    assert all(set(hit) == {"_index", "_score", "fields"} and list(hit["fields"]) == ["rerank_embedding"]
+               for hit in hits), hits[0].keys()
+    assert type(store.es.transport.serializers.get_serializer("application/json")).__name__ == "OrjsonSerializer"
 
 
 def test_a_load_attaches_hubness_per_owner_before_indexing(store):

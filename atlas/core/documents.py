@@ -126,10 +126,10 @@ def provision_users(store: Store, user_ids: Iterable[str | None]) -> None:
 
 def build_neighbours_body(user_id: str, vector: Sequence[float], *, size: int = C.HUB_CANDIDATES) -> dict:
     """The owner's `size` current memories nearest to `vector` (the first model's, whose kNN graph the index has),
-    with their second-model vectors as doc values (no graph, and no scripts here); a `knn` query takes one phase."""
+    with their second-model vectors as doc values (no graph, no scripts here) and no stored field, not even `_id`."""
     owned = {"bool": {"filter": [build_sole_owner_filter(user_id)],
                       "must_not": [{"exists": {"field": "superseded_by"}}]}}
-    return {"size": size, "_source": False, "docvalue_fields": ["rerank_embedding"],
+    return {"size": size, "stored_fields": "_none_", "docvalue_fields": ["rerank_embedding"],
             "query": {"knn": {"field": "embedding", "query_vector": list(vector), "k": size,
                               "num_candidates": max(size, C.KNN_NUM_CANDIDATES), "filter": [owned]}}}
 

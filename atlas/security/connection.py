@@ -11,7 +11,7 @@ from typing import Any
 
 import elasticsearch
 from elastic_transport import ApiResponse
-from elasticsearch import Elasticsearch
+from elasticsearch import Elasticsearch, OrjsonSerializer
 
 from atlas.config import Settings, load_settings
 from atlas.core.errors import ConnectionFailed
@@ -89,7 +89,10 @@ def connect(settings: Settings | None = None, *, api_key: str | None = None, ope
     if api_key is not None:
         options.pop("basic_auth", None)
         options["api_key"] = api_key
-    es = AtlasClient(**options, request_timeout=request_timeout, max_retries=1, retry_on_timeout=False)
+    # orjson parses JSON about four times faster: a write's neighbours and a recall's pool come back with their
+    # vectors, hundreds of kilobytes of floats (15 ms for a write's with the standard library, 4 with orjson).
+    es = AtlasClient(**options, request_timeout=request_timeout, max_retries=1, retry_on_timeout=False,
+                     serializer=OrjsonSerializer())
     if check:
         check_connection(es, settings.url, user_key=api_key is not None)
     return es
