@@ -337,17 +337,48 @@ def test_the_recorded_int8_kernels_are_what_the_docs_quote():
     assert f"at {batched[0]}, {batched[1]} and {batched[2]} ms per query for 1, 4 and 16" in docs
 
 
-def test_the_before_and_after_table_is_the_committed_runs():
-    """Issue 37: docs/benchmarks.md's before/after table is the range, over two runs each, of the `atlas bench
-    --quick` JSONs committed in results/bench/before-after (a checkout of 3109051 and one of 73efc2b, in turn)."""
+def test_what_benchmarks_says_of_the_quick_run_is_its_numbers():
+    """Issue 37: the sentences of docs/benchmarks.md on the recorded quick run (where a write's time goes, what a
+    recall costs in CPU and the ceiling that sets) are computed from its JSON."""
+    from atlas.config import REPO_ROOT
+    from atlas.research.bench import RECORDED_DIR, load_results
+
+    recorded = load_results(RECORDED_DIR, plans=["quick"])
+    assert recorded is not None
+    docs = " ".join((REPO_ROOT / "docs" / "benchmarks.md").read_text().split())
+    write = recorded["write"]["true"]
+    parts, total = write["parts_ms"], sum(write["parts_ms"].values())
+    share = {step: f"{100 * ms / total:.0f}%" for step, ms in parts.items()}
+    assert (f"({write['p95_ms']:.0f} ms in the recorded run, p50 {write['p50_ms']:.0f})" in docs
+            and write["p95_ms"] > 100)
+    assert (f"the first model's passage embedding is {share['first model']} of a write, the second model's "
+            f"{share['second model']}, the index request with its refresh {share['index']} and the neighbours' "
+            f"search {share['neighbours']}") in docs
+    assert f"off the write ({parts['second model'] + parts['neighbours']:.0f} ms of it)" in docs
+    levels = recorded["throughput"]["clients"]
+    one, most = levels["1"]["cpu_ms_per_recall"], levels["16"]["cpu_ms_per_recall"]
+    busiest = most["python"] + most["elasticsearch"]
+    assert (f"One default recall costs {one['python']:.0f} ms of Python CPU and {one['elasticsearch']:.0f} of the "
+            f"node's with one client") in docs
+    assert (f"costs {busiest:.0f} ms of it at 16 clients, so about {2000 / busiest:.0f} recalls/s is the ceiling, "
+            f"which the run reaches at 4 clients ({levels['4']['recalls_per_s']:.1f}/s) and 16 "
+            f"({levels['16']['recalls_per_s']:.1f}/s)") in docs
+
+
+@pytest.mark.parametrize("before, after", [("3109051", "73efc2b"), ("a3e4ebc", "6333bcc")])
+def test_the_before_and_after_table_is_the_committed_runs(before, after):
+    """Issue 37: each before/after table of docs/benchmarks.md is the range, over two runs each, of the `atlas bench
+    --quick` JSONs committed in results/bench/before-after (a checkout of the commit before and one of the change,
+    in turn)."""
     import json
 
     from atlas.config import REPO_ROOT
     from atlas.research.bench import RECORDED_DIR
 
     runs = {commit: [json.loads((RECORDED_DIR / "bench" / "before-after" / f"quick-{commit}-{n}.json").read_text())
-                     for n in (1, 2)] for commit in ("3109051", "73efc2b")}
+                     for n in (1, 2)] for commit in (before, after)}
     docs = (REPO_ROOT / "docs" / "benchmarks.md").read_text()
+    assert f"| `atlas bench --quick`, two runs each (range) | {before} | {after} |" in docs
 
     def spread(values: list[float], digits: int = 0) -> str:
         low, high = (f"{v:.{digits}f}" for v in (min(values), max(values)))
@@ -359,6 +390,9 @@ def test_the_before_and_after_table_is_the_committed_runs():
     default = C.DEFAULT_RECALL_MODE
     rows = [row("write, `refresh=true`, p50 (ms)", lambda r: r["write"]["true"]["p50_ms"]),
             row("write, `refresh=true`, p95 (ms)", lambda r: r["write"]["true"]["p95_ms"])]
+    if all("parts_ms" in run["write"]["true"] for both in runs.values() for run in both):  # measured since 73efc2b
+        rows.append(row("write, the neighbours' search (ms, mean)",
+                        lambda r: r["write"]["true"]["parts_ms"]["neighbours"]))
     for scale in ("1000", "10000"):
         rows += [row(f"default recall at {int(scale):,} memories, {p} (ms)",
                      lambda r, p=p, scale=scale: r["recall"][scale][default][f"{p}_ms"]) for p in ("p50", "p95")]
