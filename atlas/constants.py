@@ -90,7 +90,7 @@ BBQ_OVERSAMPLE = 3.0
 #: Elasticsearch builds `bbq_hnsw` for this many dimensions or more; a narrower model's field gets `int8_hnsw`.
 BBQ_MIN_DIMS = 64
 #: Whether vectors are kept as JSON floats in `_source` (schema v3 did). Without, they are read back from the
-#: vector files on request (`"_source": {"exclude_vectors": false}`, or naming the field in `includes`).
+#: vector files on request (`"_source": {"exclude_vectors": false}`, naming the field in `includes`, or as doc values).
 SOURCE_VECTORS = False
 #: The BM25 path's first phase: 0 multiplies every matching memory's score by recency, use and priors; N takes the
 #: top N per shard by the words' weights alone, which Elasticsearch finds without scoring every match, and

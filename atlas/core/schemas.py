@@ -173,8 +173,8 @@ def index_settings(*, shards: int = SINGLE_NODE_SHARDS, replicas: int = SINGLE_N
     """Settings every memory index shares: `shards` primaries (`Settings.shards`; a user's documents are
     routed to one of them, `documents.routing_of`) with `replicas` replicas each (`Settings.replicas`).
 
-    Vectors are not kept in `_source` unless `source_vectors`: a search leaves them out, and the archive and the
-    second stage ask for them back (`"_source": {"exclude_vectors": false}`, or the field named in `includes`).
+    Vectors are not kept in `_source` unless `source_vectors`: a search leaves them out, the archive asks for them
+    (`"_source": {"exclude_vectors": false}`), recall and a write's neighbours read e5's as `docvalue_fields`.
     """
     return {
         "number_of_shards": shards,
