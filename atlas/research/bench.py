@@ -44,10 +44,10 @@ from atlas.core.clock import es_date
 from atlas.core.documents import build_document, routing_of
 from atlas.core.errors import ValidationError
 from atlas.core.memory import bulk_load, write_episode
-from atlas.core.recall import Tuning, recall
+from atlas.core.recall import Tuning, pre_recall, recall
 from atlas.core.schemas import MODEL_FIELDS, all_indices, check_prefix, drop_indices, index_name
 from atlas.core.store import Embedder, Store
-from atlas.models.embed import load_embedder
+from atlas.models.embed import VNNI_FLAGS, load_embedder
 from atlas.models.rerank import EmbeddingSecondStage, load_second_stage
 from atlas.reporting import Table, table
 from atlas.research.metrics import percentiles
@@ -369,8 +369,9 @@ def timing_write_parts(store: Store) -> Iterator[dict[str, list[float]]]:
 
 def measure_writes(store: Store, users: Sequence[str], reps: int, rng: random.Random, progress: bool = True) -> dict:
     """One `write_episode` (embedding + index) per call, under each refresh policy, with the mean of each of its
-    steps (`timing_write_parts`)."""
-    out = {}
+    steps (`timing_write_parts`); then, under the default policy, the turn: each write with the recall that follows
+    it (`pre_recall` of the same message)."""
+    out: dict = {}
     run_tag = uuid.uuid4().hex[:6]  # never in the embedding cache: every write embeds for real
     for policy in tqdm(REFRESH_POLICIES, desc="writes", disable=not progress):
         store.refresh = policy
@@ -379,12 +380,18 @@ def measure_writes(store: Store, users: Sequence[str], reps: int, rng: random.Ra
         out[policy] = latency_stats(samples) | {
             "parts_ms": {part: 1000 * sum(took) / reps for part, took in steps.items() if took}}
     store.refresh = C.WRITE_REFRESH
+    out["true"]["turn"] = latency_stats(
+        [timed(partial(_write_note, store, users, rng, f"{run_tag}-turn-{i}", recall=True)) for i in range(reps)])
     return out
 
 
-def _write_note(store: Store, users: Sequence[str], rng: random.Random, tag: str) -> None:
-    """One episode of a random user, made from the templates and marked with `tag`."""
-    write_episode(store, rng.choice(users), f"{_fill(rng.choice(HEADS['episodic']), rng)} (note {tag})")
+def _write_note(store: Store, users: Sequence[str], rng: random.Random, tag: str, *, recall: bool = False) -> None:
+    """One episode of a random user, made from the templates and marked with `tag`; with `recall`, the turn's
+    `pre_recall` after it."""
+    user, text = rng.choice(users), f"{_fill(rng.choice(HEADS['episodic']), rng)} (note {tag})"
+    written = write_episode(store, user, text)
+    if recall:
+        pre_recall(store, user, text, written=written)
 
 
 def measure_token_check(store: Store, users: Sequence[str], checks: int, rng: random.Random) -> dict | None:
@@ -569,12 +576,15 @@ def memory_use(es: Elasticsearch) -> dict:
 
 
 def machine_info() -> dict:
-    """The processor, cores, memory, OS and Python of this machine."""
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    """The processor (its name, and whether it has VNNI, with which the int8 model runs its fast kernel:
+    `needs_exact_int8`), cores, memory, OS and Python of this machine."""
+    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor())
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpu": cpu, "cores": os.cpu_count(), "ram_gib": round(ram, 1), "os": platform.platform(),
-            "python": platform.python_version(), "loadavg_start": os.getloadavg()}
+    return {"cpu": cpu, "vnni": bool(VNNI_FLAGS & set(flags)), "cores": os.cpu_count(),
+            "ram_gib": round(ram, 1), "os": platform.platform(), "python": platform.python_version(),
+            "loadavg_start": os.getloadavg()}
 
 
 def machine(es: Elasticsearch) -> dict:
@@ -748,10 +758,15 @@ def tables(results: dict) -> list[Table]:
         out.append(table(detail_rows, title="Inside the parts (ms, means): each path's search on the server (took), "
                                             "the supersession check (in fusion)", numeric=DETAIL))
     if "write" in results:
-        out.append(table([{"refresh": policy, "p50": _ms(w["p50_ms"]), "p95": _ms(w["p95_ms"]), "n": w["n"],
-                           **{part: _ms(ms) for part, ms in w.get("parts_ms", {}).items()}}
-                          for policy, w in results["write"].items()],
-                         title="Write one episode: embedding (both models) + index (ms; then the mean of each step)",
+        rows = [{"refresh": policy, "p50": _ms(w["p50_ms"]), "p95": _ms(w["p95_ms"]), "n": w["n"],
+                 **{part: _ms(ms) for part, ms in w.get("parts_ms", {}).items()}}
+                for policy, w in results["write"].items()]
+        turn = results["write"]["true"].get("turn")
+        if turn:
+            rows.append({"refresh": "true, with the turn's pre_recall", "p50": _ms(turn["p50_ms"]),
+                         "p95": _ms(turn["p95_ms"]), "n": turn["n"]})
+        out.append(table(rows, title="Write one episode: embedding (both models) + index (ms; then the mean of each "
+                                     f"step{'; last, the turn: the write and its recall' if turn else ''})",
                          numeric=("p50", "p95", "n", *WRITE_PARTS)))
     if results.get("token_check"):
         t = results["token_check"]
@@ -825,8 +840,9 @@ def render_markdown(results: dict) -> str:
     """The results section of docs/benchmarks.md, generated from a run's JSON."""
     meta = results["meta"]
     m = meta["machine"]
+    vnni = {True: ", VNNI", False: ", no VNNI"}.get(m.get("vnni"), "")  # runs before 2026-12-07 did not say
     head = (f"Plan `{meta['plan']['name']}`, {meta['duration_s'] / 60:.1f} min on {m['cores']} cores "
-            f"({m['cpu']}), {m['ram_gib']} GiB RAM, Elasticsearch {m['elasticsearch']}, Python {m['python']}; "
+            f"({m['cpu']}{vnni}), {m['ram_gib']} GiB RAM, Elasticsearch {m['elasticsearch']}, Python {m['python']}; "
             f"load average {m['loadavg_start'][0]:.1f} at start, {m.get('loadavg_end', [0])[0]:.1f} at end; "
             f"reads through {meta.get('reads', 'the service credential')}.")
     return "\n\n".join([head, *(t.to_markdown() for t in [*tables(results), peers_table(results)])])
