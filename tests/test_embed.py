@@ -29,6 +29,7 @@ from atlas.models.embed import (
     SentenceTransformerEmbedder,
     TruncationWarning,
     _package_dir,
+    has_vnni,
     load_embedder,
     needs_exact_int8,
 )
@@ -192,6 +193,7 @@ def test_the_exact_int8_mode_is_on_where_products_could_saturate() -> None:
     assert not needs_exact_int8("x86_64", "flags\t\t: fpu avx2 avx512f avx512_vnni\n")
     assert not needs_exact_int8("x86_64", "flags\t\t: fpu avx2 avx_vnni\n")
     assert not needs_exact_int8("aarch64", None)
+    assert has_vnni("flags\t\t: fpu avx2 avx_vnni\n") and not has_vnni(None), "what the bench records (`machine_info`)"
 
 
 def test_nomic_gives_the_exact_modes_vectors_on_this_processor(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -102,15 +102,18 @@ def quantizes_per_batch(model_path: Path) -> bool:
 VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni"})
 
 
+def has_vnni(cpuinfo: str | None) -> bool:
+    """Whether the `flags` of /proc/cpuinfo's text list VNNI (False when there are none to read)."""
+    flags = next((line.split(":", 1)[1].split() for line in (cpuinfo or "").splitlines()
+                  if line.startswith("flags")), [])
+    return bool(VNNI_FLAGS & set(flags))
+
+
 def needs_exact_int8(machine: str, cpuinfo: str | None) -> bool:
     """Whether onnxruntime's int8 products may saturate on this processor: an x86-64 without VNNI, whose kernel
     (AVX2's `vpmaddubsw`) adds them in saturating 16-bit pairs; an unreadable /proc/cpuinfo counts as such. ARM's
     kernels add them exactly."""
-    if machine.lower() not in ("x86_64", "amd64"):
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in (cpuinfo or "").splitlines()
-                  if line.startswith("flags")), None)
-    return flags is None or not VNNI_FLAGS & set(flags)
+    return machine.lower() in ("x86_64", "amd64") and not has_vnni(cpuinfo)
 
 
 @functools.cache

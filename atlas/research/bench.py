@@ -47,7 +47,7 @@ from atlas.core.memory import bulk_load, write_episode
 from atlas.core.recall import Tuning, pre_recall, recall
 from atlas.core.schemas import MODEL_FIELDS, all_indices, check_prefix, drop_indices, index_name
 from atlas.core.store import Embedder, Store
-from atlas.models.embed import VNNI_FLAGS, load_embedder
+from atlas.models.embed import has_vnni, load_embedder
 from atlas.models.rerank import EmbeddingSecondStage, load_second_stage
 from atlas.reporting import Table, table
 from atlas.research.metrics import percentiles
@@ -578,11 +578,11 @@ def memory_use(es: Elasticsearch) -> dict:
 def machine_info() -> dict:
     """The processor (its name, and whether it has VNNI, with which the int8 model runs its fast kernel:
     `needs_exact_int8`), cores, memory, OS and Python of this machine."""
-    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
-    cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor())
-    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+               platform.processor())
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpu": cpu, "vnni": bool(VNNI_FLAGS & set(flags)), "cores": os.cpu_count(),
+    return {"cpu": cpu, "vnni": has_vnni(cpuinfo), "cores": os.cpu_count(),
             "ram_gib": round(ram, 1), "os": platform.platform(), "python": platform.python_version(),
             "loadavg_start": os.getloadavg()}
 
